@@ -1,0 +1,60 @@
+"""Architecture-neutral hyperparameters, read from GGUF metadata or an HF config.json."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, asdict
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How RoPE frequencies are scaled; type is 'none', 'linear', 'llama3' or 'yarn'."""
+    type: str = "none"
+    factor: float = 1.0
+    original_max_position: int = 0
+    # llama3
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    # yarn
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attn_factor: float = 1.0  # mscale multiplier; yarn's own mscale is computed from factor
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters every architecture file reads. Shapes follow GGUF: weights are (out, in)."""
+    arch: str                      # GGUF general.architecture: llama, qwen2, qwen3, gemma3, qwen3moe
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_theta_local: float = 0.0  # gemma3: base for sliding-window layers (0 = same as rope_theta)
+    rope_neox: bool = False        # True: pair (i, i + d/2); False: pair (2i, 2i + 1)
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    # One entry per layer: 0 = full attention, W = attends to the last W positions (incl. itself).
+    layer_sliding_window: tuple[int, ...] = ()
+    attn_logit_softcap: float = 0.0   # 0 = none
+    final_logit_softcap: float = 0.0  # 0 = none
+    attn_scale: float = 0.0           # 0 = 1/sqrt(head_dim); gemma3 uses query_pre_attn_scalar**-0.5
+    hidden_act: str = "silu"          # silu | gelu_tanh
+    # MoE (qwen3moe)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    # Tokens
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    name: str = ""
+
+    def sliding_window(self, layer: int) -> int:
+        return self.layer_sliding_window[layer] if self.layer_sliding_window else 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
