@@ -1,0 +1,85 @@
+"""EngineArgs: every knob in one dataclass; the CLI flags and LLM(...) keywords are generated from it."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional, get_type_hints
+
+
+def _meta(help: str, **kw) -> dict:
+    return {"help": help, **kw}
+
+
+@dataclass
+class EngineArgs:
+    model: Optional[str] = field(default=None, metadata=_meta(
+        "GGUF file or HF folder; default: the embedded gemma-3-270m Q4_K_M"))
+    tokenizer: Optional[str] = field(default=None, metadata=_meta("HF tokenizer folder (default: from the model)"))
+    max_model_len: Optional[int] = field(default=None, metadata=_meta(
+        "context length (default: the model's, capped at 8192)"))
+    dtype: str = field(default="auto", metadata=_meta("activation dtype: auto|float32 (CPU math is float32)"))
+    kv_cache_dtype: str = field(default="auto", metadata=_meta("KV cache dtype: auto (=fp16)|fp16|fp32"))
+    block_size: int = field(default=16, metadata=_meta("tokens per KV-cache block"))
+    kv_cache_memory: Optional[float] = field(default=None, metadata=_meta(
+        "GiB of RAM for the KV cache (default: a safe fraction of available RAM)"))
+    num_gpu_blocks_override: Optional[int] = field(default=None, metadata=_meta(
+        "exact number of KV blocks (tests, tuning)"))
+    max_num_batched_tokens: int = field(default=2048, metadata=_meta("token budget per engine step"))
+    max_num_seqs: int = field(default=128, metadata=_meta("most sequences running at once"))
+    enable_prefix_caching: bool = field(default=True, metadata=_meta("reuse KV blocks of shared prefixes"))
+    enable_chunked_prefill: bool = field(default=True, metadata=_meta("split long prompts over steps"))
+    batch_invariant: bool = field(default=False, metadata=_meta(
+        "identical results whatever the batch, chunking or cache state (slower prefill)"))
+    seed: int = field(default=0, metadata=_meta("seed of the engine's sampler"))
+    num_threads: Optional[int] = field(default=None, metadata=_meta("CPU threads for the kernels (default: all cores)"))
+    chat_template: Optional[str] = field(default=None, metadata=_meta("Jinja chat template file or string"))
+
+    def resolved_model(self) -> str:
+        if self.model:
+            return self.model
+        from engine.default_model import default_model_path
+        return default_model_path()
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+        """Adds one flag per field (vLLM's names, dashes); booleans get --x / --no-x."""
+        hints = get_type_hints(cls)
+        for f in fields(cls):
+            if f.name in skip:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            typ = hints[f.name]
+            base = _base_type(typ)
+            if base is bool:
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+                                    help=f.metadata.get("help", ""))
+            else:
+                parser.add_argument(flag, type=base, default=f.default, help=f.metadata.get("help", ""))
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> "EngineArgs":
+        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)})
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown engine argument(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        return cls(**kwargs)
+
+    def replace(self, **kw) -> "EngineArgs":
+        return dataclasses.replace(self, **kw)
+
+
+def _base_type(typ) -> type:
+    args = getattr(typ, "__args__", None)
+    if args:  # Optional[X]
+        return next(a for a in args if a is not type(None))
+    return typ
+
+
+def default_num_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -1,0 +1,94 @@
+"""Write a GGUF file from GGUF-named float tensors and a ModelConfig (tests and bench writers use it)."""
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import gguf
+import numpy as np
+
+from engine.model.config import ModelConfig
+
+Q = gguf.GGMLQuantizationType
+
+
+def default_qtype(quant: Q) -> Callable[[str, tuple], Q]:
+    """2-D weights whose rows fit the format's block get `quant`; norms, biases and the rest stay F32."""
+    block = gguf.GGML_QUANT_SIZES[quant][0]
+
+    def pick(name: str, shape: tuple) -> Q:
+        if len(shape) >= 2 and name.endswith(".weight") and shape[-1] % block == 0 and "ffn_gate_inp" not in name:
+            return quant
+        return Q.F32
+    return pick
+
+
+def write_metadata(w: gguf.GGUFWriter, cfg: ModelConfig) -> None:
+    a = cfg.arch
+    w.add_name(cfg.name or a)
+    w.add_uint32(f"{a}.context_length", cfg.max_position_embeddings)
+    w.add_uint32(f"{a}.embedding_length", cfg.hidden_size)
+    w.add_uint32(f"{a}.block_count", cfg.num_layers)
+    w.add_uint32(f"{a}.feed_forward_length", cfg.intermediate_size)
+    w.add_uint32(f"{a}.attention.head_count", cfg.num_heads)
+    w.add_uint32(f"{a}.attention.head_count_kv", cfg.num_kv_heads)
+    w.add_uint32(f"{a}.attention.key_length", cfg.head_dim)
+    w.add_uint32(f"{a}.attention.value_length", cfg.head_dim)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    w.add_float32(f"{a}.rope.freq_base", cfg.rope_theta)
+    w.add_uint32(f"{a}.rope.dimension_count", cfg.head_dim)
+    rs = cfg.rope_scaling
+    if rs.type != "none":
+        w.add_string(f"{a}.rope.scaling.type", rs.type)
+        w.add_float32(f"{a}.rope.scaling.factor", rs.factor)
+        if rs.original_max_position:
+            w.add_uint32(f"{a}.rope.scaling.original_context_length", rs.original_max_position)
+    windows = [x for x in cfg.layer_sliding_window if x]
+    if windows:
+        w.add_uint32(f"{a}.attention.sliding_window", windows[0])
+    if cfg.final_logit_softcap:
+        w.add_float32(f"{a}.final_logit_softcapping", cfg.final_logit_softcap)
+    if cfg.attn_logit_softcap:
+        w.add_float32(f"{a}.attn_logit_softcapping", cfg.attn_logit_softcap)
+    if cfg.num_experts:
+        w.add_uint32(f"{a}.expert_count", cfg.num_experts)
+        w.add_uint32(f"{a}.expert_used_count", cfg.num_experts_per_tok)
+        w.add_uint32(f"{a}.expert_feed_forward_length", cfg.moe_intermediate_size)
+
+
+def write_gguf(path: str, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
+               qtype: Callable[[str, tuple], Q] | None = None, tokenizer_metadata: Mapping | None = None) -> None:
+    """tensors: GGUF name -> float array in numpy order (N, K); each is quantized to qtype(name, shape)."""
+    from cpu_kernels.quant.quantize import quantize
+    qtype = qtype or (lambda name, shape: Q.F32)
+    w = gguf.GGUFWriter(path, cfg.arch)
+    write_metadata(w, cfg)
+    for key, value in (tokenizer_metadata or {}).items():
+        _add_kv(w, key, value)
+    for name, t in tensors.items():
+        t = np.ascontiguousarray(t, dtype=np.float32)
+        q = qtype(name, t.shape)
+        if q == Q.F32:
+            w.add_tensor(name, t)
+        elif q == Q.F16:
+            w.add_tensor(name, t.astype(np.float16))
+        else:
+            flat = t.reshape(-1, t.shape[-1])
+            raw = quantize(q, flat)
+            w.add_tensor(name, raw.reshape(*t.shape[:-1], raw.shape[-1]), raw_dtype=q)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _add_kv(w: gguf.GGUFWriter, key: str, value) -> None:
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    else:
+        w.add_array(key, list(value) if not isinstance(value, list) else value)

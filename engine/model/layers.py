@@ -1,0 +1,120 @@
+"""Building blocks shared by the architecture files: each holds its weights and calls cpu_kernels."""
+from __future__ import annotations
+
+import numpy as np
+
+from cpu_kernels import activations, attention, norms, rope
+from cpu_kernels.quant.linear import QuantLinear
+from engine.batch import BatchMetadata
+from engine.model.config import ModelConfig
+
+
+def vector(ws, name: str) -> np.ndarray:
+    """A 1-D weight (norm scale, bias) as contiguous float32."""
+    raw = ws.raw(name)
+    if raw.dtype == np.uint16:  # bf16 bits
+        return (raw.astype(np.uint32) << 16).view(np.float32).reshape(-1).copy()
+    return np.ascontiguousarray(raw, dtype=np.float32).reshape(-1)
+
+
+def has(ws, name: str) -> bool:
+    return name in ws.names()
+
+
+class Linear:
+    """y = x @ W^T (+ b) over a quantized or float weight stored (N, K)."""
+
+    def __init__(self, ws, name: str, bias: str | None = None, batch_invariant: bool = False):
+        info = ws.info(name)
+        n, k = info.shape[-2], info.shape[-1]
+        self.weight = QuantLinear.from_raw(info.ggml_type, ws.raw(name), (n, k))
+        self.bias = vector(ws, bias) if bias and has(ws, bias) else None
+        self.batch_invariant = batch_invariant
+
+    @classmethod
+    def from_raw(cls, ggml_type, raw, shape, batch_invariant=False) -> "Linear":
+        self = cls.__new__(cls)
+        self.weight = QuantLinear.from_raw(ggml_type, raw, shape)
+        self.bias = None
+        self.batch_invariant = batch_invariant
+        return self
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.N
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        y = self.weight.matmul(x, batch_invariant=self.batch_invariant)
+        if self.bias is not None:
+            y += self.bias
+        return y
+
+
+class RMSNorm:
+    def __init__(self, ws, name: str, eps: float):
+        self.weight = vector(ws, name)
+        self.eps = float(eps)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.ndim == 2:
+            return norms.rms_norm(x, self.weight, self.eps)
+        # Per-head norm (QK-norm): normalize over the last axis.
+        shape = x.shape
+        return norms.rms_norm(np.ascontiguousarray(x).reshape(-1, shape[-1]), self.weight, self.eps).reshape(shape)
+
+
+class Attention:
+    """Self-attention over the paged KV cache; optional QK-norm, bias, sliding window and softcap."""
+
+    def __init__(self, ws, cfg: ModelConfig, layer: int, qkv_bias: bool = False, qk_norm: bool = False,
+                 inv_freq: np.ndarray | None = None, mscale: float = 1.0, batch_invariant: bool = False):
+        p = f"blk.{layer}."
+        bi = batch_invariant
+        self.q = Linear(ws, p + "attn_q.weight", p + "attn_q.bias" if qkv_bias else None, bi)
+        self.k = Linear(ws, p + "attn_k.weight", p + "attn_k.bias" if qkv_bias else None, bi)
+        self.v = Linear(ws, p + "attn_v.weight", p + "attn_v.bias" if qkv_bias else None, bi)
+        self.o = Linear(ws, p + "attn_output.weight", None, bi)
+        self.q_norm = RMSNorm(ws, p + "attn_q_norm.weight", cfg.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(ws, p + "attn_k_norm.weight", cfg.rms_norm_eps) if qk_norm else None
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = cfg.attn_scale or cfg.head_dim ** -0.5
+        self.sliding_window = cfg.sliding_window(layer)
+        self.softcap = cfg.attn_logit_softcap
+        self.neox = cfg.rope_neox
+        self.inv_freq, self.mscale = inv_freq, mscale
+
+    def __call__(self, x: np.ndarray, meta: BatchMetadata, kv: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        t = x.shape[0]
+        q = self.q(x).reshape(t, self.num_heads, self.head_dim)
+        k = self.k(x).reshape(t, self.num_kv_heads, self.head_dim)
+        v = self.v(x).reshape(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        rope.apply_rope(q, meta.positions, self.inv_freq, self.mscale, self.neox)
+        rope.apply_rope(k, meta.positions, self.inv_freq, self.mscale, self.neox)
+        k_cache, v_cache = kv
+        attention.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = attention.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                                        meta.block_tables, self.scale, self.sliding_window, self.softcap)
+        return self.o(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class GatedMLP:
+    """down(act(gate(x)) * up(x)) with SiLU or tanh-GELU."""
+
+    def __init__(self, ws, prefix: str, act: str, batch_invariant: bool = False):
+        self.gate = Linear(ws, prefix + "ffn_gate.weight", None, batch_invariant)
+        self.up = Linear(ws, prefix + "ffn_up.weight", None, batch_invariant)
+        self.down = Linear(ws, prefix + "ffn_down.weight", None, batch_invariant)
+        self.act = activations.gelu_tanh_mul if act == "gelu_tanh" else activations.silu_mul
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.down(self.act(self.gate(x), self.up(x)))
+
+
+def rope_tables(cfg: ModelConfig, theta: float, ws=None) -> tuple[np.ndarray, float]:
+    """inv_freq and mscale for one RoPE base; llama.cpp's rope_freqs tensor (Llama 3.1) divides inv_freq."""
+    inv_freq, mscale = rope.rope_inv_freq(cfg.head_dim, theta, cfg.rope_scaling)
+    if ws is not None and has(ws, "rope_freqs.weight"):
+        inv_freq = (inv_freq / vector(ws, "rope_freqs.weight")).astype(np.float32)
+    return np.ascontiguousarray(inv_freq, dtype=np.float32), mscale

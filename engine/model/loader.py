@@ -1,0 +1,15 @@
+"""Model loading: a path -> weights -> the registered architecture, built (and repacked) on the CPU."""
+from __future__ import annotations
+
+from engine.model.config import ModelConfig
+from engine.model.registry import model_class
+from engine.model.weights import open_weights
+
+
+def load_model(path: str, batch_invariant: bool = False):
+    """Returns (model, config). Raises ModelLoadError for anything wrong with the files."""
+    ws = open_weights(path)
+    cfg: ModelConfig = ws.config
+    model = model_class(cfg.arch)(cfg, ws, batch_invariant=batch_invariant)
+    model.weights = ws  # keeps the memory map alive while repacked views point into it
+    return model, cfg

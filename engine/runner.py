@@ -1,0 +1,84 @@
+"""ModelRunner: scheduled chunks -> BatchMetadata -> forward -> logits for the rows that need them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.batch import BatchMetadata
+
+KV_DTYPES = {"auto": np.float16, "fp16": np.float16, "float16": np.float16, "fp32": np.float32,
+             "float32": np.float32}
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """One sequence's share of a step: `token_ids` start at position `start`; its blocks in order.
+
+    logits: 'none' (a prompt chunk that does not reach the end), 'last' (the row that samples), or
+    'all' (every row, for prompt logprobs; the last row still samples).
+    """
+    token_ids: tuple[int, ...]
+    start: int
+    block_ids: tuple[int, ...]
+    logits: str = "last"
+
+
+class ModelRunner:
+    """Owns the model and its paged KV cache (one (K, V) pair per layer)."""
+
+    def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str = "auto"):
+        if kv_cache_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {sorted(KV_DTYPES)}, got {kv_cache_dtype!r}")
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        dtype = KV_DTYPES[kv_cache_dtype]
+        shape = model.kv_cache_shape(num_blocks, block_size)
+        self.kv_caches = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(model.config.num_layers)]
+
+    @staticmethod
+    def kv_bytes_per_block(config, block_size: int, kv_cache_dtype: str = "auto") -> int:
+        itemsize = np.dtype(KV_DTYPES[kv_cache_dtype]).itemsize
+        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * itemsize
+
+    def build_batch(self, chunks: list[SeqChunk]) -> BatchMetadata:
+        bs = self.block_size
+        ids, pos, slots, qsl, lens, logit_rows = [], [], [], [0], [], []
+        max_blocks = max(len(c.block_ids) for c in chunks)
+        tables = np.zeros((len(chunks), max_blocks), dtype=np.int32)
+        for s, c in enumerate(chunks):
+            n = len(c.token_ids)
+            end = c.start + n
+            if end > len(c.block_ids) * bs:
+                raise ValueError(f"sequence {s}: {end} tokens need more than its {len(c.block_ids)} blocks")
+            p = np.arange(c.start, end, dtype=np.int64)
+            blocks = np.asarray(c.block_ids, dtype=np.int64)
+            ids.append(np.asarray(c.token_ids, dtype=np.int64))
+            pos.append(p)
+            slots.append(blocks[p // bs] * bs + p % bs)
+            tables[s, : len(c.block_ids)] = c.block_ids
+            row0 = qsl[-1]
+            if c.logits == "all":
+                logit_rows.extend(range(row0, row0 + n))
+            elif c.logits == "last":
+                logit_rows.append(row0 + n - 1)
+            qsl.append(row0 + n)
+            lens.append(end)
+        return BatchMetadata(
+            input_ids=np.concatenate(ids), positions=np.concatenate(pos),
+            query_start_loc=np.asarray(qsl, dtype=np.int32), seq_lens=np.asarray(lens, dtype=np.int32),
+            block_tables=tables, slot_mapping=np.concatenate(slots),
+            logits_indices=np.asarray(logit_rows, dtype=np.int64))
+
+    def execute(self, chunks: list[SeqChunk]) -> list[np.ndarray | None]:
+        """Runs one forward pass; returns per chunk its logits rows (1 or n rows) or None."""
+        meta = self.build_batch(chunks)
+        hidden = self.model.forward(meta, self.kv_caches)
+        logits = self.model.compute_logits(hidden[meta.logits_indices]) if len(meta.logits_indices) else None
+        out, r = [], 0
+        for c in chunks:
+            k = {"none": 0, "last": 1, "all": len(c.token_ids)}[c.logits]
+            out.append(logits[r:r + k] if k else None)
+            r += k
+        return out

@@ -1,0 +1,54 @@
+"""Tiny random HF models for the architecture tests (built in-process, no downloads)."""
+from __future__ import annotations
+
+import torch
+import transformers
+
+COMMON = dict(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512)
+
+
+def tiny_config(arch: str):
+    """The HF config of a tiny random model for one GGUF architecture name."""
+    if arch == "llama":
+        return transformers.LlamaConfig(**COMMON, rms_norm_eps=1e-5, tie_word_embeddings=False, rope_parameters={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64, "rope_theta": 10000.0})
+    if arch == "qwen2":
+        return transformers.Qwen2Config(**COMMON, tie_word_embeddings=True, rope_parameters={
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "rope_theta": 1e6})
+    if arch == "qwen3":
+        return transformers.Qwen3Config(**COMMON, tie_word_embeddings=False)
+    if arch == "gemma3":
+        cfg = dict(COMMON, num_hidden_layers=6)
+        return transformers.Gemma3TextConfig(**cfg, sliding_window=5, query_pre_attn_scalar=64,
+                                             final_logit_softcapping=30.0)
+    if arch == "qwen3moe":
+        return transformers.Qwen3MoeConfig(**COMMON, moe_intermediate_size=256, num_experts=8, num_experts_per_tok=2,
+                                           norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+    raise KeyError(arch)
+
+
+ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe"]
+
+
+def tiny_model(arch: str, seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = tiny_config(arch)
+    cfg._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    # Random init is tiny (std 0.02): scale norms and weights up so that logits spread and errors show.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0 if arch == "gemma3" else 1.0, 0.1)
+            elif p.ndim >= 2:
+                p.normal_(0.0, 0.08)
+            else:
+                p.normal_(0.0, 0.05)
+    return model.eval()
+
+
+@torch.no_grad()
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    return model(torch.tensor([ids])).logits[0].float()
