@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Iterable
+from numbers import Integral
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -66,7 +67,7 @@ class Request:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         if eos_token_ids is None:
             eos_token_ids = ()
-        elif isinstance(eos_token_ids, int):
+        elif isinstance(eos_token_ids, Integral):
             eos_token_ids = (eos_token_ids,)
         self.eos_token_ids: tuple[int, ...] = tuple(int(t) for t in eos_token_ids)
         self.cache_salt = cache_salt
@@ -132,7 +133,7 @@ class Request:
         return max(limit, self.num_prompt_tokens)
 
     def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
-        if isinstance(token_ids, int):
+        if isinstance(token_ids, Integral):
             token_ids = (token_ids,)
         for t in token_ids:
             self.output_token_ids.append(int(t))
@@ -161,6 +162,7 @@ class Request:
 
         EOS (unless ignore_eos) and stop_token_ids count only once min_tokens outputs exist;
         max_tokens and max_model_len always apply. Sets stop_reason for a stop token id.
+        A stop token that is also the max_tokens-th output reports 'stop' (vLLM says 'length').
         """
         n_out = self.num_output_tokens
         if n_out == 0:
