@@ -1,0 +1,171 @@
+"""GGUF metadata -> ModelConfig, following llama.cpp's reading of each architecture's keys.
+
+llama3 RoPE scaling: llama.cpp's converter does not write a scaling type for llama3; it stores the per-frequency
+divisors as the tensor `rope_freqs.weight` (D/2,) and the runtime divides each inverse frequency by them. So a
+llama3 GGUF gives rope_scaling type 'none' here, and the model file must do
+`inv_freq /= weights.raw("rope_freqs.weight")` whenever that tensor exists (ModelConfig has no field for it).
+rope_scaling type 'llama3' is set only by the HF loader, from config.json, where no such tensor exists.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from engine.errors import ModelLoadError
+from engine.model.config import ModelConfig, RopeScaling
+from engine.model.gguf import GGUFFile
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe")
+_NEOX_ARCHS = {"qwen2", "qwen3", "qwen3moe", "gemma3"}
+GEMMA3_SWA_PERIOD = 6        # llama.cpp set_swa_pattern(6): every 6th layer is global
+GEMMA3_ROPE_THETA_LOCAL = 10000.0
+# Token texts llama.cpp also treats as end-of-generation when they are in the vocabulary.
+_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+              "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
+
+
+class _Meta:
+    def __init__(self, gf: GGUFFile):
+        self.gf, self.md, self.arch = gf, gf.metadata, gf.arch
+
+    def get(self, suffix: str, default: Any = None, required: bool = False) -> Any:
+        key = f"{self.arch}.{suffix}"
+        if key not in self.md:
+            if required:
+                raise ModelLoadError(f"{self.gf.path}: missing required metadata '{key}'")
+            return default
+        return self.md[key]
+
+    def num(self, suffix: str, default: Any = None, required: bool = False, kind=int) -> Any:
+        v = self.get(suffix, default, required)
+        if v is None:
+            return None
+        key = f"{self.arch}.{suffix}"
+        if isinstance(v, np.ndarray):
+            # Per-layer arrays (some converters write head counts that way): fine when all equal.
+            if v.size == 0 or not np.all(v == v.flat[0]):
+                raise ModelLoadError(f"{self.gf.path}: metadata '{key}' varies per layer ({v.tolist()[:8]}...)"
+                                     "; per-layer values are not supported")
+            v = v.flat[0].item()
+        if isinstance(v, (str, list)) or (kind is int and isinstance(v, float)):
+            raise ModelLoadError(f"{self.gf.path}: metadata '{key}' should be a number, got {v!r}")
+        return kind(v)
+
+
+def _rope_scaling(m: _Meta) -> RopeScaling:
+    stype = m.get("rope.scaling.type", "none")
+    factor = m.num("rope.scaling.factor", 1.0, kind=float)
+    if stype == "none" and m.get("rope.scale_linear") is not None:  # pre-2024 key
+        stype, factor = "linear", m.num("rope.scale_linear", kind=float)
+    if stype in ("none", "") or (stype == "linear" and factor == 1.0):
+        return RopeScaling()
+    orig = m.num("rope.scaling.original_context_length", 0)
+    if stype == "linear":
+        return RopeScaling(type="linear", factor=factor, original_max_position=orig)
+    if stype == "yarn":
+        return RopeScaling(type="yarn", factor=factor, original_max_position=orig,
+                           beta_fast=m.num("rope.scaling.yarn_beta_fast", 32.0, kind=float),
+                           beta_slow=m.num("rope.scaling.yarn_beta_slow", 1.0, kind=float),
+                           attn_factor=m.num("rope.scaling.attn_factor", 1.0, kind=float))
+    raise ModelLoadError(f"{m.gf.path}: rope scaling type '{stype}' is not supported "
+                         "(supported: none, linear, yarn; llama3 comes as rope_freqs.weight)")
+
+
+def _token_ids(gf: GGUFFile) -> tuple[int | None, tuple[int, ...]]:
+    md = gf.metadata
+    bos = md.get("tokenizer.ggml.bos_token_id")
+    eos: list[int] = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        v = md.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v not in eos:
+            eos.append(v)
+    tokens = md.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list):
+        wanted = set(_EOG_TEXTS)
+        for i, t in enumerate(tokens):
+            if t in wanted and i not in eos:
+                eos.append(i)
+    return (bos if isinstance(bos, int) and not isinstance(bos, bool) else None), tuple(eos)
+
+
+def _vocab_size(gf: GGUFFile, m: _Meta) -> int:
+    # The logits width is what matters to the model: rows of output (or of token_embd when tied).
+    for name in ("output.weight", "token_embd.weight"):
+        if name in gf.tensors and len(gf.tensors[name].shape) == 2:
+            return gf.tensors[name].shape[0]
+    tokens = gf.metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and tokens:
+        return len(tokens)
+    return m.num("vocab_size", required=True)
+
+
+def config_from_gguf(gf: GGUFFile) -> ModelConfig:
+    """Hyperparameters of a GGUF model.
+
+    Args:
+        gf: an opened GGUFFile.
+    Returns:
+        ModelConfig. For gemma3, rope_scaling (if any) applies to full-attention layers only; sliding layers
+        use rope_theta_local unscaled (llama.cpp's rope_freq_scale_train_swa = 1).
+    Raises:
+        ModelLoadError: unsupported architecture or missing/malformed required metadata.
+    """
+    arch = gf.arch
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelLoadError(f"{gf.path}: architecture '{arch or '(general.architecture missing)'}' is not "
+                             f"supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+    m = _Meta(gf)
+    hidden = m.num("embedding_length", required=True)
+    num_layers = m.num("block_count", required=True)
+    num_heads = m.num("attention.head_count", required=True)
+    num_kv_heads = m.num("attention.head_count_kv", num_heads)
+    if num_heads <= 0 or num_kv_heads <= 0 or num_heads % num_kv_heads:
+        raise ModelLoadError(f"{gf.path}: head counts {num_heads}/{num_kv_heads} (q/kv) are not usable")
+    head_dim = m.num("attention.key_length", hidden // num_heads)
+    value_dim = m.num("attention.value_length", head_dim)
+    if value_dim != head_dim:
+        raise ModelLoadError(f"{gf.path}: key_length {head_dim} != value_length {value_dim} is not supported")
+    rope_dim = m.num("rope.dimension_count", head_dim)
+    if rope_dim != head_dim:
+        raise ModelLoadError(f"{gf.path}: partial rotary (rope.dimension_count {rope_dim} < head_dim "
+                             f"{head_dim}) is not supported")
+    is_moe = arch == "qwen3moe"
+    bos, eos = _token_ids(gf)
+    kw: dict[str, Any] = dict(
+        arch=arch,
+        vocab_size=_vocab_size(gf, m),
+        hidden_size=hidden,
+        intermediate_size=m.num("feed_forward_length", 0, required=not is_moe),
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=m.num("attention.layer_norm_rms_epsilon", required=True, kind=float),
+        rope_theta=m.num("rope.freq_base", 10000.0, kind=float),
+        rope_neox=arch in _NEOX_ARCHS,
+        rope_scaling=_rope_scaling(m),
+        max_position_embeddings=m.num("context_length", required=True),
+        tie_word_embeddings="output.weight" not in gf.tensors,
+        attn_logit_softcap=m.num("attn_logit_softcapping", 0.0, kind=float),
+        final_logit_softcap=m.num("final_logit_softcapping", 0.0, kind=float),
+        bos_token_id=bos,
+        eos_token_ids=eos,
+        name=str(gf.metadata.get("general.name", "")),
+    )
+    if arch == "gemma3":  # llama.cpp runs sliding-window attention for gemma3 only among these archs
+        window = m.num("attention.sliding_window", 0)
+        kw.update(hidden_act="gelu_tanh", rope_theta_local=GEMMA3_ROPE_THETA_LOCAL)
+        if window > 0:
+            kw["layer_sliding_window"] = tuple(0 if (i + 1) % GEMMA3_SWA_PERIOD == 0 else window
+                                               for i in range(num_layers))
+        # llama.cpp: gemma3-27B (62 layers) scales by hidden/heads, every other size by head_dim.
+        scale_dim = hidden / num_heads if num_layers == 62 else head_dim
+        kw["attn_scale"] = 1.0 / math.sqrt(scale_dim)
+    if is_moe:
+        kw.update(num_experts=m.num("expert_count", required=True),
+                  num_experts_per_tok=m.num("expert_used_count", required=True),
+                  moe_intermediate_size=m.num("expert_feed_forward_length", required=True),
+                  norm_topk_prob=bool(m.get("expert_weights_norm", True)))
+    return ModelConfig(**kw)

@@ -1,0 +1,405 @@
+"""HF model folders: config.json -> ModelConfig, *.safetensors -> GGUF-named, GGUF-convention tensors.
+
+Safetensors headers are parsed here (8-byte length + JSON) and tensors are views of a read-only memory map,
+so F32/F16/BF16 are all zero-copy (BF16 as its uint16 bits). Only tensors that llama.cpp's converter changes
+are computed, on every raw() call: llama/mistral attn_q/attn_k (bias too) rows permuted like
+convert_hf_to_gguf.py's LlamaModel.permute, gemma3 norm weights + 1.0 (stored F32, as GGUF has them), and
+qwen3moe experts stacked into (E, N, K).
+"""
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import re
+import struct
+from dataclasses import replace
+from typing import Any, Callable
+
+import numpy as np
+from gguf import GGMLQuantizationType as GT
+
+from engine.errors import ModelLoadError
+from engine.model.config import ModelConfig, RopeScaling
+from engine.model.gguf import TensorInfo, raw_view, tensor_nbytes
+from engine.model.weights import WeightSource
+
+ARCH_OF_MODEL_TYPE = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+                      "gemma3_text": "gemma3", "gemma3": "gemma3", "qwen3_moe": "qwen3moe"}
+_ST_DTYPES = {"F32": GT.F32, "F16": GT.F16, "BF16": GT.BF16}
+_ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+_MAX_ST_HEADER = 100 << 20
+
+# Per-layer HF suffix -> GGUF tensor (the .weight/.bias ending is carried over).
+_LAYER_MAP = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+}
+_GEMMA3_LAYER_MAP = {**_LAYER_MAP, "post_attention_layernorm": "post_attention_norm",
+                     "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
+_GEMMA_NORMS = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "attn_q_norm", "attn_k_norm")
+_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+_EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
+_FUSED_EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj$")
+_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+             ("language_model.lm_head.", "lm_head."))
+
+
+# ----------------------------------------------------------------------------------------- config.json
+
+def _fail(source: str, reason: str):
+    raise ModelLoadError(f"{source}: {reason}")
+
+
+def _rope(cfg: dict, arch: str, source: str) -> tuple[float, float, RopeScaling]:
+    """(rope_theta, rope_theta_local, scaling) from v5 rope_parameters or v4 rope_theta/rope_scaling."""
+    params = cfg.get("rope_parameters") or {}
+    local: dict = {}
+    if "full_attention" in params:  # gemma3 in transformers 5: one entry per layer type
+        params, local = params["full_attention"] or {}, params.get("sliding_attention") or {}
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", 1e6 if arch == "gemma3" else 10000.0)))
+    theta_local = 0.0
+    if arch == "gemma3":
+        theta_local = float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0)))
+    sc = params if params.get("rope_type", "default") not in (None, "default") else (cfg.get("rope_scaling") or {})
+    kind = sc.get("rope_type", sc.get("type")) or "default"
+    factor = float(sc.get("factor") or 1.0)
+    orig = int(sc.get("original_max_position_embeddings") or 0)
+    if kind == "default" or (kind == "linear" and factor == 1.0):
+        return theta, theta_local, RopeScaling()
+    if kind == "linear":
+        return theta, theta_local, RopeScaling("linear", factor, orig)
+    if kind == "llama3":
+        return theta, theta_local, RopeScaling(
+            "llama3", factor, orig or 8192, low_freq_factor=float(sc.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(sc.get("high_freq_factor", 4.0)))
+    if kind == "yarn":
+        # HF's attention_factor replaces yarn's mscale (0.1 ln(factor) + 1); ours multiplies it.
+        attn = sc.get("attention_factor")
+        mscale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        return theta, theta_local, RopeScaling(
+            "yarn", factor, orig or int(cfg.get("max_position_embeddings", 0) / factor),
+            beta_fast=float(sc.get("beta_fast") or 32.0), beta_slow=float(sc.get("beta_slow") or 1.0),
+            attn_factor=float(attn) / mscale if attn else 1.0)
+    _fail(source, f"rope scaling type '{kind}' is not supported (supported: linear, llama3, yarn)")
+
+
+def _layer_windows(cfg: dict, mt: str, n: int) -> tuple[int, ...]:
+    window = int(cfg.get("sliding_window") or 0)
+    if window <= 0:
+        return ()
+    types = cfg.get("layer_types")
+    if types:
+        return tuple(window if t == "sliding_attention" else 0 for t in types)
+    if mt == "gemma3_text":
+        period = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+        return tuple(0 if (i + 1) % period == 0 else window for i in range(n))
+    if mt.startswith("qwen"):  # transformers 4: only with use_sliding_window, from max_window_layers up
+        if not cfg.get("use_sliding_window"):
+            return ()
+        first = int(cfg.get("max_window_layers", 0))
+        return tuple(window if i >= first else 0 for i in range(n))
+    return (window,) * n  # mistral: every layer
+
+
+def _act(cfg: dict, source: str) -> str:
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+    if act == "silu":
+        return "silu"
+    if act in ("gelu_pytorch_tanh", "gelu_tanh"):
+        return "gelu_tanh"
+    _fail(source, f"activation '{act}' is not supported (silu, gelu_pytorch_tanh)")
+
+
+def config_from_hf(config_json: dict, source: str = "config.json") -> ModelConfig:
+    """ModelConfig from an HF config.json dict.
+
+    Args:
+        config_json: the parsed config.json (a multimodal gemma3 config's text_config is used).
+        source: what to name in error messages.
+    Raises:
+        ModelLoadError: unsupported model_type, missing keys, unsupported rope scaling or activation.
+    """
+    mt = config_json.get("model_type")
+    cfg = config_json
+    if isinstance(cfg.get("text_config"), dict):
+        outer = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}
+        cfg = {**outer, **cfg["text_config"]}
+        mt = cfg.get("model_type") if cfg.get("model_type") in ARCH_OF_MODEL_TYPE else mt
+        if mt == "gemma3":
+            mt = "gemma3_text"
+    if mt not in ARCH_OF_MODEL_TYPE:
+        _fail(source, f"model_type '{mt}' is not supported (supported: {', '.join(ARCH_OF_MODEL_TYPE)})")
+    arch = ARCH_OF_MODEL_TYPE[mt]
+
+    def need(key: str) -> Any:
+        if cfg.get(key) is None:
+            _fail(source, f"missing required key '{key}'")
+        return cfg[key]
+
+    hidden, n_layers, n_heads = int(need("hidden_size")), int(need("num_hidden_layers")), int(
+        need("num_attention_heads"))
+    n_kv = int(cfg.get("num_key_value_heads") or n_heads)
+    head_dim = int(cfg.get("head_dim") or hidden // n_heads)
+    theta, theta_local, scaling = _rope(cfg, arch, source)
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    kw: dict[str, Any] = dict(
+        arch=arch, vocab_size=int(need("vocab_size")), hidden_size=hidden,
+        intermediate_size=int(cfg.get("intermediate_size") or 0), num_layers=n_layers,
+        num_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_theta_local=theta_local,
+        rope_neox=arch != "llama", rope_scaling=scaling,
+        max_position_embeddings=int(cfg.get("max_position_embeddings") or 4096),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch == "gemma3")),
+        layer_sliding_window=_layer_windows(cfg, mt, n_layers),
+        attn_logit_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+        final_logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
+        hidden_act=_act(cfg, source), bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos_ids,
+        name=str(cfg.get("_name_or_path", "")),
+    )
+    if arch == "gemma3":
+        kw["attn_scale"] = float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5
+    elif kw["intermediate_size"] <= 0:
+        need("intermediate_size")
+    if arch == "qwen3moe":
+        kw.update(num_experts=int(cfg.get("num_experts") or need("num_local_experts")),
+                  num_experts_per_tok=int(need("num_experts_per_tok")),
+                  moe_intermediate_size=int(need("moe_intermediate_size")),
+                  norm_topk_prob=bool(cfg.get("norm_topk_prob", False)))
+    return ModelConfig(**kw)
+
+
+# ----------------------------------------------------------------------------------------- safetensors
+
+class _SafetensorsFile:
+    """Header of one .safetensors file and a read-only map of it; entries: name -> (dtype, shape, offset, nbytes)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < 8:
+                    _fail(path, f"not a safetensors file: {size} bytes")
+                n = struct.unpack("<Q", f.read(8))[0]
+                if n > min(size - 8, _MAX_ST_HEADER):
+                    _fail(path, f"corrupt safetensors header length {n} (file has {size} bytes)")
+                header = f.read(n)
+                self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + n else b""
+        except OSError as e:
+            raise ModelLoadError(f"{path}: cannot read: {e}") from e
+        try:
+            meta = json.loads(header)
+            assert isinstance(meta, dict)
+        except (ValueError, AssertionError):
+            _fail(path, "corrupt safetensors header (not a JSON object)")
+        start = 8 + n
+        self.entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+        for name, e in meta.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dtype, shape, (b, end) = e["dtype"], tuple(int(d) for d in e["shape"]), e["data_offsets"]
+                b, end = int(b), int(end)
+            except (KeyError, TypeError, ValueError):
+                _fail(path, f"tensor '{name}': malformed header entry {e!r}")
+            if dtype not in _ST_ITEMSIZE:
+                _fail(path, f"tensor '{name}': unknown dtype {dtype}")
+            if any(d < 0 for d in shape) or not 0 <= b <= end or start + end > size:
+                _fail(path, f"tensor '{name}': data [{b}, {end}) shape {shape} lies outside the file")
+            if end - b != math.prod(shape) * _ST_ITEMSIZE[dtype]:
+                _fail(path, f"tensor '{name}': {end - b} bytes do not match {dtype} {shape}")
+            self.entries[name] = (dtype, shape, start + b, end - b)
+
+
+def _safetensors_files(folder: str) -> list[str]:
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelLoadError(f"{index}: unreadable index ({e})") from e
+        for fn in files:
+            if not os.path.isfile(os.path.join(folder, fn)):
+                _fail(index, f"lists '{fn}', which is not in the folder")
+        return [os.path.join(folder, fn) for fn in files]
+    if os.path.isfile(os.path.join(folder, "model.safetensors")):
+        return [os.path.join(folder, "model.safetensors")]
+    files = sorted(fn for fn in os.listdir(folder)
+                   if fn.endswith(".safetensors") and not fn.startswith("consolidated"))
+    if not files:
+        _fail(folder, "no *.safetensors files (pytorch_model.bin checkpoints are not supported)")
+    return [os.path.join(folder, fn) for fn in files]
+
+
+# ----------------------------------------------------------------------------------------- the source
+
+class HFWeights(WeightSource):
+    """An HF folder seen through GGUF names and conventions (module docstring says which tensors are copies)."""
+    format = "hf"
+
+    def __init__(self, folder: str):
+        self.path = folder
+        cfg_path = os.path.join(folder, "config.json")
+        try:
+            with open(cfg_path) as f:
+                self.metadata = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"{cfg_path}: unreadable ({e})") from e
+        if not isinstance(self.metadata, dict):
+            _fail(cfg_path, "not a JSON object")
+        config = config_from_hf(self.metadata, cfg_path)
+        self._files = [_SafetensorsFile(p) for p in _safetensors_files(folder)]
+        self._tensors: dict[str, tuple[TensorInfo, Callable[[], np.ndarray]]] = {}
+        self.unmapped: list[str] = []  # HF tensors with no GGUF counterpart (vision tower, inv_freq, ...)
+        self._map(config)
+        self.config = self._reconcile(config)
+
+    # -- names -----------------------------------------------------------------------------------------
+    def _map(self, c: ModelConfig) -> None:
+        sources: dict[str, tuple[_SafetensorsFile, str]] = {}
+        for f in self._files:
+            for name in f.entries:
+                hf = name
+                for old, new in _PREFIXES:
+                    if hf.startswith(old):
+                        hf = new + hf[len(old):]
+                if hf in sources:
+                    _fail(f.path, f"tensor '{name}' also appears in {sources[hf][0].path}")
+                sources[hf] = (f, name)
+        layer_map = _GEMMA3_LAYER_MAP if c.arch == "gemma3" else _LAYER_MAP
+        experts: dict[tuple[int, str], dict[int, tuple[_SafetensorsFile, str]]] = {}
+        for hf, src in sources.items():
+            if hf == "model.embed_tokens.weight":
+                self._add("token_embd.weight", c, src)
+            elif hf == "model.norm.weight":
+                self._add("output_norm.weight", c, src)
+            elif hf == "lm_head.weight":
+                self._add("output.weight", c, src)
+            elif m := _EXPERT_RE.match(hf):
+                experts.setdefault((int(m[1]), m[3]), {})[int(m[2])] = src
+            elif m := _FUSED_EXPERT_RE.match(hf):
+                self._add_fused_experts(int(m[1]), m[2], src)
+            elif (m := _LAYER_RE.match(hf)) and m[2] in layer_map:
+                self._add(f"blk.{m[1]}.{layer_map[m[2]]}.{m[3]}", c, src)
+            else:
+                self.unmapped.append(src[1])
+        for (layer, proj), by_expert in sorted(experts.items()):
+            self._add_stacked(f"blk.{layer}.ffn_{proj}_exps.weight", by_expert)
+
+    def _entry(self, src: tuple[_SafetensorsFile, str], gguf_name: str) -> tuple[GT, tuple[int, ...], Callable]:
+        f, key = src
+        dtype, shape, offset, nbytes = f.entries[key]
+        if dtype not in _ST_DTYPES:
+            _fail(f.path, f"tensor '{key}' ({gguf_name}): dtype {dtype} is not supported (F32, F16, BF16)")
+        if not shape or 0 in shape:
+            _fail(f.path, f"tensor '{key}' ({gguf_name}): shape {shape} is not usable")
+        info = TensorInfo(gguf_name, _ST_DTYPES[dtype], shape, offset, nbytes)
+        return info.ggml_type, shape, lambda: raw_view(f.mm, info)
+
+    def _add(self, name: str, c: ModelConfig, src: tuple[_SafetensorsFile, str]) -> None:
+        gtype, shape, load = self._entry(src, name)
+        base = name.split(".")[-2]
+        offset = src[0].entries[src[1]][2]
+        if c.arch == "llama" and base in ("attn_q", "attn_k"):
+            n_head = c.num_heads if base == "attn_q" else c.num_kv_heads
+            if shape[0] % (2 * n_head):
+                _fail(src[0].path, f"tensor '{src[1]}': {shape[0]} rows do not split into {n_head} heads")
+            load, offset = (lambda ld=load: permute_qk(ld(), n_head)), -1
+        if c.arch == "gemma3" and (base in _GEMMA_NORMS or name == "output_norm.weight"):
+            load, offset, gtype = (lambda ld=load, t=gtype: _as_f32(ld(), t) + np.float32(1.0)), -1, GT.F32
+        self._tensors[name] = (TensorInfo(name, gtype, shape, offset, tensor_nbytes(gtype, shape)), load)
+
+    def _add_stacked(self, name: str, by_expert: dict[int, tuple[_SafetensorsFile, str]]) -> None:
+        if sorted(by_expert) != list(range(len(by_expert))):
+            _fail(self.path, f"tensor '{name}': experts {sorted(by_expert)} are not 0..E-1")
+        parts = [self._entry(by_expert[e], name) for e in range(len(by_expert))]
+        if len({(t, s) for t, s, _ in parts}) != 1:
+            _fail(self.path, f"tensor '{name}': experts differ in dtype or shape")
+        gtype, shape = parts[0][0], (len(parts), *parts[0][1])
+        loads = [ld for _, _, ld in parts]
+        self._tensors[name] = (TensorInfo(name, gtype, shape, -1, tensor_nbytes(gtype, shape)),
+                               lambda: np.stack([ld() for ld in loads]))
+
+    def _add_fused_experts(self, layer: int, which: str, src: tuple[_SafetensorsFile, str]) -> None:
+        # transformers 5 in-memory layout: gate_up_proj (E, 2I, H) = [gate; up] on dim 1, down_proj (E, H, I).
+        gtype, shape, load = self._entry(src, f"blk.{layer}.ffn_{which}_exps.weight")
+        if len(shape) != 3 or (which == "gate_up" and shape[1] % 2):
+            _fail(src[0].path, f"tensor '{src[1]}': shape {shape} is not (E, N, K)")
+        if which == "down":
+            name = f"blk.{layer}.ffn_down_exps.weight"
+            self._tensors[name] = (TensorInfo(name, gtype, shape, src[0].entries[src[1]][2],
+                                              tensor_nbytes(gtype, shape)), load)
+            return
+        half = shape[1] // 2
+        for i, proj in enumerate(("gate", "up")):
+            name, sub = f"blk.{layer}.ffn_{proj}_exps.weight", (shape[0], half, shape[2])
+            self._tensors[name] = (TensorInfo(name, gtype, sub, -1, tensor_nbytes(gtype, sub)),
+                                   lambda ld=load, i=i: np.ascontiguousarray(ld()[:, i * half:(i + 1) * half]))
+
+    def _reconcile(self, c: ModelConfig) -> ModelConfig:
+        """Make config and tensors agree: tied <=> no output.weight (the GGUF rule); vocab = logits rows."""
+        if "token_embd.weight" not in self._tensors:
+            _fail(self.path, "missing required tensor 'model.embed_tokens.weight'")
+        if c.tie_word_embeddings or "output.weight" not in self._tensors:
+            self._tensors.pop("output.weight", None)
+            c = replace(c, tie_word_embeddings=True)
+        head = self._tensors.get("output.weight", self._tensors["token_embd.weight"])[0]
+        eos = list(c.eos_token_ids)
+        gen = os.path.join(self.path, "generation_config.json")
+        if os.path.isfile(gen):
+            try:
+                with open(gen) as f:
+                    g = json.load(f).get("eos_token_id")
+                eos += [i for i in (g if isinstance(g, list) else [g]) if isinstance(i, int) and i not in eos]
+            except (OSError, ValueError, AttributeError):
+                pass  # generation_config is advisory
+        return replace(c, vocab_size=head.shape[0], eos_token_ids=tuple(eos),
+                       name=c.name or os.path.basename(os.path.normpath(self.path)))
+
+    # -- WeightSource ----------------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self._tensors[name][0]
+        except KeyError:
+            raise ModelLoadError(f"{self.path}: tensor '{name}': not in the model") from None
+
+    def raw(self, name: str) -> np.ndarray:
+        """Zero-copy view for plain tensors; a fresh array for permuted / +1 / stacked ones."""
+        self.info(name)
+        return self._tensors[name][1]()
+
+
+def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp converter's LlamaModel.permute: rows (n_head, 2, D/2) -> (n_head, D/2, 2).
+
+    HF llama pairs rotary dims (i, i + D/2); after this, pairs are (2i, 2i + 1) -- "normal" rope on GGUF."""
+    return np.ascontiguousarray(
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+
+
+def _as_f32(a: np.ndarray, gtype: GT) -> np.ndarray:
+    if gtype == GT.BF16:
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32)
+
+
+def open_hf(folder: str | os.PathLike) -> HFWeights:
+    """Open an HF folder (config.json + *.safetensors, possibly sharded). Raises ModelLoadError."""
+    folder = os.fspath(folder)
+    if not os.path.isdir(folder):
+        raise ModelLoadError(f"{folder}: not a folder")
+    return HFWeights(folder)

@@ -1,0 +1,118 @@
+"""`ramlm info MODEL`: what a model is and what it costs in memory, without touching tensor data."""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from engine.model.weights import open_weights
+
+KV_BYTES_PER_ELEMENT = 2  # fp16 KV cache, the default
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
+                       bytes_per_element: int = KV_BYTES_PER_ELEMENT) -> int:
+    """K and V for one token in every layer, full attention."""
+    return 2 * num_layers * num_kv_heads * head_dim * bytes_per_element
+
+
+def model_info(path: str | os.PathLike) -> dict[str, Any]:
+    """Describe a .gguf file or HF folder.
+
+    Returns:
+        dict with path, format, architecture, name, config (ModelConfig.to_dict()), num_tensors,
+        num_params, tensor_types {type name: {"count", "bytes"}} (largest first), total_weight_bytes,
+        kv_bytes_per_1k_tokens (fp16, every layer at full attention), sliding_window_layers,
+        kv_note (what the KV figure means for sliding-window models).
+    Raises:
+        ModelLoadError: as open_weights.
+    """
+    ws = open_weights(path)
+    c = ws.config
+    types: dict[str, dict[str, int]] = {}
+    num_params = 0
+    for name in ws.names():
+        t = ws.info(name)
+        entry = types.setdefault(t.ggml_type.name, {"count": 0, "bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += t.nbytes
+        num_params += math.prod(t.shape)
+    types = dict(sorted(types.items(), key=lambda kv: -kv[1]["bytes"]))
+    kv_1k = kv_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim) * 1024
+    sliding = [w for w in c.layer_sliding_window if w > 0]
+    note = "fp16 K and V, every layer at full attention"
+    if sliding:
+        note += (f"; {len(sliding)} of {c.num_layers} layers use a sliding window of {max(sliding)} tokens, "
+                 "so beyond that length they stop growing and the real cost is lower")
+    return {
+        "path": ws.path,
+        "format": ws.format,
+        "architecture": c.arch,
+        "name": c.name,
+        "config": c.to_dict(),
+        "num_tensors": len(ws.names()),
+        "num_params": num_params,
+        "tensor_types": types,
+        "total_weight_bytes": sum(v["bytes"] for v in types.values()),
+        "kv_bytes_per_1k_tokens": kv_1k,
+        "sliding_window_layers": len(sliding),
+        "kv_note": note,
+    }
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return ""  # unreachable
+
+
+def _count(n: int) -> str:
+    for div, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.2f}{suffix}"
+    return str(n)
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """Human-readable text of model_info's dict."""
+    c = info["config"]
+    rs = c["rope_scaling"]
+    rope = f"theta {c['rope_theta']:g}"
+    if c.get("rope_theta_local"):
+        rope += f" (local {c['rope_theta_local']:g})"
+    rope += ", neox" if c["rope_neox"] else ", normal"
+    if rs["type"] != "none":
+        rope += f", {rs['type']} scaling x{rs['factor']:g}"
+    windows = list(c["layer_sliding_window"])
+    attn = f"{c['num_heads']} heads, {c['num_kv_heads']} kv heads, head_dim {c['head_dim']}"
+    lines = [
+        f"model:          {info['path']} ({info['format']})",
+        f"name:           {info['name'] or '-'}",
+        f"architecture:   {info['architecture']}",
+        f"parameters:     {_count(info['num_params'])} in {info['num_tensors']} tensors",
+        f"layers:         {c['num_layers']}, hidden {c['hidden_size']}, ffn {c['intermediate_size']}, "
+        f"vocab {c['vocab_size']}",
+        f"attention:      {attn}",
+    ]
+    if any(windows):
+        lines.append(f"sliding window: {max(windows)} on {info['sliding_window_layers']} of "
+                     f"{c['num_layers']} layers")
+    if c["num_experts"]:
+        lines.append(f"experts:        {c['num_experts']} ({c['num_experts_per_tok']} per token), "
+                     f"expert ffn {c['moe_intermediate_size']}")
+    lines += [
+        f"rope:           {rope}",
+        f"context:        {c['max_position_embeddings']}",
+        f"activation:     {c['hidden_act']}, rms eps {c['rms_norm_eps']:g}, "
+        f"tied embeddings {'yes' if c['tie_word_embeddings'] else 'no'}",
+        "tensor types:",
+    ]
+    for name, t in info["tensor_types"].items():
+        lines.append(f"  {name:<8} {t['count']:>5} tensors  {_bytes(t['bytes']):>12}")
+    lines += [
+        f"weights:        {_bytes(info['total_weight_bytes'])}",
+        f"KV cache:       {_bytes(info['kv_bytes_per_1k_tokens'])} per 1k tokens ({info['kv_note']})",
+    ]
+    return "\n".join(lines)
