@@ -1,0 +1,24 @@
+"""ramlm's engine: `from engine import LLM, SamplingParams`. Heavy modules load on first use."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "LLMEngine", "EngineArgs", "RequestOutput", "CompletionOutput"]
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from engine.llm import LLM
+        return LLM
+    if name == "SamplingParams":
+        from engine.sampling import SamplingParams
+        return SamplingParams
+    if name == "LLMEngine":
+        from engine.engine import LLMEngine
+        return LLMEngine
+    if name == "EngineArgs":
+        from engine.args import EngineArgs
+        return EngineArgs
+    if name in ("RequestOutput", "CompletionOutput"):
+        from engine import outputs
+        return getattr(outputs, name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -71,14 +71,22 @@ class ModelRunner:
             block_tables=tables, slot_mapping=np.concatenate(slots),
             logits_indices=np.asarray(logit_rows, dtype=np.int64))
 
-    def execute(self, chunks: list[SeqChunk]) -> list[np.ndarray | None]:
-        """Runs one forward pass; returns per chunk its logits rows (1 or n rows) or None."""
+    def execute_hidden(self, chunks: list[SeqChunk]) -> list[np.ndarray | None]:
+        """Runs one forward pass; returns per chunk the hidden rows its `logits` asks for, or None.
+        The engine turns them into logits in slices (a 512-row prompt x 262k vocab is 512 MB)."""
         meta = self.build_batch(chunks)
         hidden = self.model.forward(meta, self.kv_caches)
-        logits = self.model.compute_logits(hidden[meta.logits_indices]) if len(meta.logits_indices) else None
+        rows = hidden[meta.logits_indices]
         out, r = [], 0
         for c in chunks:
             k = {"none": 0, "last": 1, "all": len(c.token_ids)}[c.logits]
-            out.append(logits[r:r + k] if k else None)
+            out.append(rows[r:r + k] if k else None)
             r += k
         return out
+
+    def compute_logits(self, hidden_rows: np.ndarray) -> np.ndarray:
+        return self.model.compute_logits(hidden_rows)
+
+    def execute(self, chunks: list[SeqChunk]) -> list[np.ndarray | None]:
+        """Runs one forward pass; returns per chunk its logits rows (1 or n rows) or None."""
+        return [None if h is None else self.compute_logits(h) for h in self.execute_hidden(chunks)]

@@ -37,7 +37,7 @@ def write_metadata(w: gguf.GGUFWriter, cfg: ModelConfig) -> None:
     w.add_float32(f"{a}.rope.freq_base", cfg.rope_theta)
     w.add_uint32(f"{a}.rope.dimension_count", cfg.head_dim)
     rs = cfg.rope_scaling
-    if rs.type != "none":
+    if rs.type not in ("none", "llama3"):  # llama3 travels as the rope_freqs.weight tensor
         w.add_string(f"{a}.rope.scaling.type", rs.type)
         w.add_float32(f"{a}.rope.scaling.factor", rs.factor)
         if rs.original_max_position:
@@ -64,6 +64,9 @@ def write_gguf(path: str, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
     write_metadata(w, cfg)
     for key, value in (tokenizer_metadata or {}).items():
         _add_kv(w, key, value)
+    tensors = dict(tensors)
+    if cfg.rope_scaling.type == "llama3" and "rope_freqs.weight" not in tensors:
+        tensors["rope_freqs.weight"] = llama3_rope_freqs(cfg)
     for name, t in tensors.items():
         t = np.ascontiguousarray(t, dtype=np.float32)
         q = qtype(name, t.shape)
@@ -92,3 +95,12 @@ def _add_kv(w: gguf.GGUFWriter, key: str, value) -> None:
         w.add_string(key, value)
     else:
         w.add_array(key, list(value) if not isinstance(value, list) else value)
+
+
+def llama3_rope_freqs(cfg: ModelConfig) -> np.ndarray:
+    """llama.cpp's rope_freqs.weight: per-frequency divisors that turn plain RoPE into llama3 scaling."""
+    from cpu_kernels.rope import rope_inv_freq
+    from engine.model.config import RopeScaling
+    plain, _ = rope_inv_freq(cfg.head_dim, cfg.rope_theta, RopeScaling())
+    scaled, _ = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    return (np.asarray(plain, np.float64) / np.asarray(scaled, np.float64)).astype(np.float32)

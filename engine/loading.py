@@ -1,0 +1,79 @@
+"""Everything LLMEngine needs from the files: model, tokenizer, context length, KV pool size."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import psutil
+
+from engine.args import EngineArgs
+from engine.kv_cache import num_blocks_for_budget
+from engine.model.config import ModelConfig
+from engine.runner import KV_DTYPES, ModelRunner
+
+KV_RAM_FRACTION = 0.4  # of the RAM still available after the weights
+
+
+@dataclass
+class Loaded:
+    model: object
+    config: ModelConfig
+    tokenizer: object
+    model_path: str
+    max_model_len: int
+    num_blocks: int
+
+
+def configure_threads(num_threads: int | None) -> None:
+    import numba
+    from cpu_kernels import configure_threads as configure
+    configure()
+    if num_threads:
+        numba.set_num_threads(min(num_threads, numba.config.NUMBA_NUM_THREADS))
+
+
+def load_tokenizer(args: EngineArgs, ws):
+    from engine.tokenizer import Tokenizer
+    from engine.tokenizer_gguf import tokenizer_cache_key
+    if args.tokenizer:
+        tok = Tokenizer.from_hf(args.tokenizer)
+    elif ws.format == "gguf":
+        tok = Tokenizer.from_gguf_metadata(ws.metadata, tokenizer_cache_key(ws.path))
+    else:
+        tok = Tokenizer.from_hf(ws.path)
+    if args.chat_template:
+        text = args.chat_template
+        if os.path.isfile(text):
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
+        tok.chat_template = text
+    return tok
+
+
+def kv_pool_blocks(args: EngineArgs, cfg: ModelConfig, max_model_len: int, weight_bytes: int) -> int:
+    if args.num_gpu_blocks_override:
+        return int(args.num_gpu_blocks_override)
+    itemsize = KV_DTYPES[args.kv_cache_dtype]().itemsize
+    if args.kv_cache_memory is not None:
+        budget = int(args.kv_cache_memory * 2**30)
+    else:
+        budget = int(max(psutil.virtual_memory().available - weight_bytes, 2**28) * KV_RAM_FRACTION)
+    return num_blocks_for_budget(budget, args.block_size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                                 itemsize, max_model_len, args.max_num_seqs)
+
+
+def load_everything(args: EngineArgs) -> Loaded:
+    from engine.model.loader import load_model
+    configure_threads(args.num_threads)
+    path = args.resolved_model()
+    model, cfg = load_model(path, batch_invariant=args.batch_invariant)
+    tokenizer = load_tokenizer(args, model.weights)
+    max_model_len = args.max_model_len or cfg.max_position_embeddings
+    if max_model_len > cfg.max_position_embeddings:
+        raise ValueError(f"max_model_len {max_model_len} exceeds the model's context ({cfg.max_position_embeddings})")
+    weight_bytes = sum(model.weights.info(n).nbytes for n in model.weights.names())
+    num_blocks = kv_pool_blocks(args, cfg, max_model_len, weight_bytes)
+    if num_blocks < 2:
+        per = ModelRunner.kv_bytes_per_block(cfg, args.block_size, args.kv_cache_dtype)
+        raise ValueError(f"the KV cache budget holds {num_blocks} blocks of {per} bytes; give more kv_cache_memory")
+    return Loaded(model, cfg, tokenizer, path, max_model_len, num_blocks)
