@@ -1,0 +1,571 @@
+"""Paged KV cache: write new K/V rows, and attention of a mixed batch over the cached blocks.
+
+Cache layout (num_blocks, block_size, Hkv, D), float16 (default) or float32. Numba cannot type float16
+arrays on the CPU (numba 0.68 raises NotImplementedError('float16') for any use, even passing one), so
+the public functions are thin Python wrappers that hand float16 caches to the kernels as their uint16
+bits. The kernels convert with LLVM's half<->float conversions (one vcvtph2ps/vcvtps2ph per 16 values
+where the CPU has F16C, round-to-nearest-even) or, on an x86 CPU without F16C, with the integer bit
+routines below, which give the same bits (tests check both against numpy over all halfs).
+
+paged_attention works on tiles: a few rows of one sequence x the query heads of one kv head. Each K/V
+block is converted once per tile and the scores and the weighted sum of V run in explicit 16-lane vector
+kernels, 4 query vectors at a time (decode of 4 heads: 60 us per layer at 512 tokens, D=256, one thread).
+Batch invariance: a row's keys are visited block by block in position order, and the vector arithmetic
+per (query vector, key) is fixed by construction, so a row gets the same bits whatever tile, kernel
+variant, thread or batch computes it (tests check this bitwise). Threads take contiguous runs of tiles
+of about equal work; the heads of a group are split only when rows x kv heads < threads (decoding one
+sequence).
+"""
+from __future__ import annotations
+
+import platform
+
+import llvmlite.binding as llvm_binding
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, overload, register_model
+
+from cpu_kernels.activations import bits_to_f32, exp_f32, f32_to_bits, tanh_f32
+
+_JIT = dict(cache=True, error_model="numpy")
+_F0 = np.float32(0.0)
+_NEG_INF = np.float32(-np.inf)
+
+
+# ---------------------------------------------------------------- float16 <-> float32
+@intrinsic
+def _f16_to_f32_hw(typingctx, bits):
+    if not (isinstance(bits, types.Integer) and bits.bitwidth == 16):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def _f32_to_f16_hw(typingctx, x):
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+    return types.uint16(x), codegen
+
+
+@njit(**_JIT)
+def f16_to_f32_soft(h):
+    """float16 bits (uint16) -> float32, integer operations only."""
+    hi = np.int64(h)
+    sign = (hi & 0x8000) << 16
+    e = (hi >> 10) & 0x1F
+    m = hi & 0x3FF
+    if e == 0:  # zero or subnormal: m * 2^-24 is exact in float32
+        f = np.float32(m) * np.float32(5.9604644775390625e-08)
+        return -f if sign != 0 else f
+    if e == 31:
+        bits = sign | 0x7F800000 | (m << 13)
+        if m != 0:
+            bits |= 0x400000  # quiet NaN, as the hardware conversion gives
+    else:
+        bits = sign | ((e + 112) << 23) | (m << 13)
+    return bits_to_f32(bits)
+
+
+@njit(**_JIT)
+def f32_to_f16_soft(x):
+    """float32 -> float16 bits (uint16), round to nearest even, integer operations only."""
+    u = np.int64(f32_to_bits(np.float32(x)))
+    sign = (u >> 16) & 0x8000
+    a = u & 0x7FFFFFFF
+    if a >= 0x7F800000:  # inf, nan (quiet, top payload bits kept)
+        r = 0x7C00 | ((0x200 | ((a >> 13) & 0x3FF)) if a > 0x7F800000 else 0)
+    elif a >= 0x477FF000:  # >= 65520 rounds to inf
+        r = 0x7C00
+    elif a < 0x38800000:  # below 2^-14: adding 0.5 lines the float16 subnormal up with float32's
+        f = bits_to_f32(a) + np.float32(0.5)  # last mantissa bits, rounded to nearest even by the FPU
+        r = np.int64(f32_to_bits(f)) - 0x3F000000
+    else:  # normal: rebias the exponent, round the 13 dropped bits to nearest even
+        r = (a - 0x38000000 + 0xFFF + ((a >> 13) & 1)) >> 13
+    return np.uint16(r | sign)
+
+
+def _hw_f16() -> bool:
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+        return bool(llvm_binding.get_host_cpu_features().get("f16c", False))
+    return True  # aarch64 and others convert half natively
+
+
+if _hw_f16():
+    f16_to_f32, f32_to_f16 = _f16_to_f32_hw, _f32_to_f16_hw
+else:
+    f16_to_f32, f32_to_f16 = f16_to_f32_soft, f32_to_f16_soft
+
+
+def _load_f32(x):
+    """Cache element -> float32 (uint16 elements are float16 bits)."""
+
+
+@overload(_load_f32)
+def _load_f32_impl(x):
+    if isinstance(x, types.Integer):
+        return lambda x: f16_to_f32(x)
+    return lambda x: np.float32(x)
+
+
+def _encode(x, cache):
+    """float32 -> the element type of cache."""
+
+
+@overload(_encode)
+def _encode_impl(x, cache):
+    if cache.dtype == types.uint16:
+        return lambda x, cache: f32_to_f16(np.float32(x))
+    return lambda x, cache: np.float32(x)
+
+
+@njit(**_JIT)
+def f16_bits_to_f32_array(h, out):
+    """Test helper: out[i] = float(h[i]) with the conversion the kernels use."""
+    for i in range(h.shape[0]):
+        out[i] = _load_f32(h[i])
+
+
+@njit(**_JIT)
+def f32_to_f16_bits_array(x, out):
+    """Test helper: out[i] = float16 bits of x[i] with the conversion the kernels use."""
+    for i in range(x.shape[0]):
+        out[i] = _encode(x[i], out)
+
+
+# ---------------------------------------------------------------- write_kv
+@njit(**_JIT)
+def _write_kv(k, v, k_cache, v_cache, slot_mapping):
+    T, Hkv, D = k.shape
+    BS = k_cache.shape[1]
+    for t in range(T):
+        slot = slot_mapping[t]
+        if slot < 0:  # padding row
+            continue
+        if slot >= k_cache.shape[0] * BS:
+            raise ValueError("write_kv: slot outside the cache")
+        blk, off = slot // BS, slot % BS
+        for h in range(Hkv):
+            for d in range(D):
+                k_cache[blk, off, h, d] = _encode(k[t, h, d], k_cache)
+            for d in range(D):
+                v_cache[blk, off, h, d] = _encode(v[t, h, d], v_cache)
+
+
+def _kernel_view(cache: np.ndarray) -> np.ndarray:
+    if cache.dtype == np.float16:
+        return cache.view(np.uint16)
+    if cache.dtype == np.float32 or cache.dtype == np.uint16:
+        return cache
+    raise TypeError(f"KV cache must be float16 or float32, got {cache.dtype}")
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping):
+    """Stores new K/V rows into the paged cache.
+
+    Args:
+        k, v: f32 (T, Hkv, D). k_cache, v_cache: (num_blocks, block_size, Hkv, D) float16 or float32
+        (uint16 is taken as float16 bits), C-contiguous; written in place.
+        slot_mapping: int64 (T,), block_id * block_size + offset per row; negative = skip the row.
+    Raises:
+        ValueError: a slot past the end of the cache.
+    """
+    _write_kv(k, v, _kernel_view(k_cache), _kernel_view(v_cache), slot_mapping)
+
+
+# ---------------------------------------------------------------- float32 x 16 vectors
+# Explicit vectors fix each score's arithmetic by construction: lane-wise fma(q, k, acc) over the 16-wide
+# chunks of D, then one fixed halving tree. There are no fast-math flags, so LLVM may not reorder, and a
+# score or an output row is bitwise the same whichever kernel variant (1 or 4 query vectors) or tile
+# computes it. Rows are zero-padded to Dp (a multiple of 32); padded lanes add exact zeros.
+_VT = ir.VectorType(ir.FloatType(), 16)
+_I32 = ir.IntType(32)
+
+
+class _F32x16(types.Type):
+    def __init__(self):
+        super().__init__(name="ramlm_attention_f32x16")
+
+
+_f32x16 = _F32x16()
+
+
+@register_model(_F32x16)
+class _F32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VT)
+
+
+def _vptr(context, builder, arrty, arr, idx, idxty):
+    a = context.make_array(arrty)(context, builder, arr)
+    i = context.cast(builder, idx, idxty, types.intp)
+    return builder.bitcast(builder.gep(a.data, [i]), _VT.as_pointer())
+
+
+@intrinsic
+def _vload(typingctx, arr, idx):
+    """arr[idx:idx + 16] of a C-contiguous float32 array (idx counts elements)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32 and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_vptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]), align=4)
+    return _f32x16(arr, idx), codegen
+
+
+@intrinsic
+def _vstore(typingctx, arr, idx, v):
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32 and v == _f32x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _vptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]), align=4)
+        return context.get_dummy_value()
+    return types.none(arr, idx, v), codegen
+
+
+@intrinsic
+def _vzero(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_VT, None)
+    return _f32x16(), codegen
+
+
+def _has_fma() -> bool:
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+        return bool(llvm_binding.get_host_cpu_features().get("fma", False))
+    return True  # aarch64 has fused multiply-add
+
+
+_FUSED = _has_fma()
+
+
+@intrinsic
+def _vmuladd(typingctx, acc, a, b):
+    """acc + a * b on 16 lanes; b a vector or a float (broadcast). One fused rounding (llvm.fma) where the
+    CPU has FMA, else a rounded multiply then a rounded add: fixed arithmetic either way."""
+    if not (acc == _f32x16 and a == _f32x16 and (b == _f32x16 or isinstance(b, types.Float))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vacc, va, vb = args
+        if sig.args[2] != _f32x16:
+            s = context.cast(builder, vb, sig.args[2], types.float32)
+            vb = builder.insert_element(ir.Constant(_VT, ir.Undefined), s, ir.Constant(_I32, 0))
+            vb = builder.shuffle_vector(vb, vb, ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+        if _FUSED:
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VT, [_VT, _VT, _VT]),
+                                                 "llvm.fma.v16f32")
+            return builder.call(fma, [va, vb, vacc])
+        return builder.fadd(vacc, builder.fmul(va, vb))
+    return _f32x16(acc, a, b), codegen
+
+
+@intrinsic
+def _vhsum(typingctx, v):
+    """Sum of the 16 lanes: high half added to low half until one lane is left."""
+    if v != _f32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        x, n = args[0], 16
+        while n > 1:
+            h = n // 2
+            lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h))))
+            hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h, n))))
+            x, n = builder.fadd(lo, hi), h
+        return builder.extract_element(x, ir.Constant(_I32, 0))
+    return types.float32(v), codegen
+
+
+# ---------------------------------------------------------------- attention micro-kernels
+@njit(**_JIT)
+def _qk4x4(qbuf, v, kbuf, j, sc):
+    """sc[v + a, j + b] = qbuf[v + a] . kbuf[j + b] for a, b in 0..3 (rows of 2-D C-contiguous scratch)."""
+    Dp = qbuf.shape[1]
+    q0, k0 = v * Dp, j * Dp
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = _vzero()
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = _vzero()
+    for c in range(0, Dp, 16):
+        k_0 = _vload(kbuf, k0 + c)
+        k_1 = _vload(kbuf, k0 + Dp + c)
+        k_2 = _vload(kbuf, k0 + 2 * Dp + c)
+        k_3 = _vload(kbuf, k0 + 3 * Dp + c)
+        x = _vload(qbuf, q0 + c)
+        a00, a01, a02, a03 = _vmuladd(a00, x, k_0), _vmuladd(a01, x, k_1), _vmuladd(a02, x, k_2), _vmuladd(a03, x, k_3)
+        x = _vload(qbuf, q0 + Dp + c)
+        a10, a11, a12, a13 = _vmuladd(a10, x, k_0), _vmuladd(a11, x, k_1), _vmuladd(a12, x, k_2), _vmuladd(a13, x, k_3)
+        x = _vload(qbuf, q0 + 2 * Dp + c)
+        a20, a21, a22, a23 = _vmuladd(a20, x, k_0), _vmuladd(a21, x, k_1), _vmuladd(a22, x, k_2), _vmuladd(a23, x, k_3)
+        x = _vload(qbuf, q0 + 3 * Dp + c)
+        a30, a31, a32, a33 = _vmuladd(a30, x, k_0), _vmuladd(a31, x, k_1), _vmuladd(a32, x, k_2), _vmuladd(a33, x, k_3)
+    sc[v, j], sc[v, j + 1], sc[v, j + 2], sc[v, j + 3] = _vhsum(a00), _vhsum(a01), _vhsum(a02), _vhsum(a03)
+    sc[v + 1, j], sc[v + 1, j + 1], sc[v + 1, j + 2], sc[v + 1, j + 3] = \
+        _vhsum(a10), _vhsum(a11), _vhsum(a12), _vhsum(a13)
+    sc[v + 2, j], sc[v + 2, j + 1], sc[v + 2, j + 2], sc[v + 2, j + 3] = \
+        _vhsum(a20), _vhsum(a21), _vhsum(a22), _vhsum(a23)
+    sc[v + 3, j], sc[v + 3, j + 1], sc[v + 3, j + 2], sc[v + 3, j + 3] = \
+        _vhsum(a30), _vhsum(a31), _vhsum(a32), _vhsum(a33)
+
+
+@njit(**_JIT)
+def _qk1x4(qbuf, v, kbuf, j, sc):
+    """_qk4x4 for one query vector."""
+    Dp = qbuf.shape[1]
+    q0, k0 = v * Dp, j * Dp
+    a0 = a1 = a2 = a3 = _vzero()
+    for c in range(0, Dp, 16):
+        x = _vload(qbuf, q0 + c)
+        a0 = _vmuladd(a0, x, _vload(kbuf, k0 + c))
+        a1 = _vmuladd(a1, x, _vload(kbuf, k0 + Dp + c))
+        a2 = _vmuladd(a2, x, _vload(kbuf, k0 + 2 * Dp + c))
+        a3 = _vmuladd(a3, x, _vload(kbuf, k0 + 3 * Dp + c))
+    sc[v, j], sc[v, j + 1], sc[v, j + 2], sc[v, j + 3] = _vhsum(a0), _vhsum(a1), _vhsum(a2), _vhsum(a3)
+
+
+@njit(**_JIT)
+def _pv4(acc, v, p, vbuf, n):
+    """acc[v + a] += sum over keys j < n, in order, of p[v + a, j] * vbuf[j], for a in 0..3."""
+    Dp = acc.shape[1]
+    a0 = v * Dp
+    for c in range(0, Dp, 32):
+        x00, x01 = _vload(acc, a0 + c), _vload(acc, a0 + c + 16)
+        x10, x11 = _vload(acc, a0 + Dp + c), _vload(acc, a0 + Dp + c + 16)
+        x20, x21 = _vload(acc, a0 + 2 * Dp + c), _vload(acc, a0 + 2 * Dp + c + 16)
+        x30, x31 = _vload(acc, a0 + 3 * Dp + c), _vload(acc, a0 + 3 * Dp + c + 16)
+        for j in range(n):
+            v0, v1 = _vload(vbuf, j * Dp + c), _vload(vbuf, j * Dp + c + 16)
+            w = p[v, j]
+            x00, x01 = _vmuladd(x00, v0, w), _vmuladd(x01, v1, w)
+            w = p[v + 1, j]
+            x10, x11 = _vmuladd(x10, v0, w), _vmuladd(x11, v1, w)
+            w = p[v + 2, j]
+            x20, x21 = _vmuladd(x20, v0, w), _vmuladd(x21, v1, w)
+            w = p[v + 3, j]
+            x30, x31 = _vmuladd(x30, v0, w), _vmuladd(x31, v1, w)
+        _vstore(acc, a0 + c, x00)
+        _vstore(acc, a0 + c + 16, x01)
+        _vstore(acc, a0 + Dp + c, x10)
+        _vstore(acc, a0 + Dp + c + 16, x11)
+        _vstore(acc, a0 + 2 * Dp + c, x20)
+        _vstore(acc, a0 + 2 * Dp + c + 16, x21)
+        _vstore(acc, a0 + 3 * Dp + c, x30)
+        _vstore(acc, a0 + 3 * Dp + c + 16, x31)
+
+
+@njit(**_JIT)
+def _pv1(acc, v, p, vbuf, n):
+    """_pv4 for one query vector (two 16-lane chunks at a time, like _pv4)."""
+    Dp = acc.shape[1]
+    a0 = v * Dp
+    for c in range(0, Dp, 32):
+        x0, x1 = _vload(acc, a0 + c), _vload(acc, a0 + c + 16)
+        for j in range(n):
+            w = p[v, j]
+            x0 = _vmuladd(x0, _vload(vbuf, j * Dp + c), w)
+            x1 = _vmuladd(x1, _vload(vbuf, j * Dp + c + 16), w)
+        _vstore(acc, a0 + c, x0)
+        _vstore(acc, a0 + c + 16, x1)
+
+
+# ---------------------------------------------------------------- paged attention
+@njit(**_JIT)
+def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, row_pos, scale, softcap,
+                 qbuf, kbuf, vbuf, acc, sc, m, l):
+    """out[t, h] for rows t0..t0+nr-1 of one sequence and heads h0..h0+nh-1 of kv head kvh.
+
+    Query vector v = (row v // nh, head v % nh). Each K/V block is converted once for the whole tile and
+    walked in position order with an online softmax (running max m, sum l); a row ignores the keys
+    outside its own range lo..p (weight exactly 0), so its result is the one it gets alone.
+    """
+    D = q.shape[2]
+    BS = k_cache.shape[1]
+    Dp = qbuf.shape[1]  # scratch is 2-D, C-contiguous (flat index arithmetic with a runtime row length
+    # stops LLVM from vectorizing the scalar loops; the vector kernels compute their own offsets)
+    nv = nr * nh
+    for v in range(nv):
+        t, h = t0 + v // nh, h0 + v % nh
+        for d in range(D):
+            qbuf[v, d] = q[t, h, d]
+        for d in range(Dp):
+            acc[v, d] = _F0
+        m[v] = _NEG_INF
+        l[v] = _F0
+    lo_min, p_max = row_lo[t0], row_pos[t0]
+    for r in range(1, nr):
+        lo_min, p_max = min(lo_min, row_lo[t0 + r]), max(p_max, row_pos[t0 + r])
+    for b in range(lo_min // BS, p_max // BS + 1):
+        blk = bt_row[b]
+        j0 = max(lo_min, b * BS)
+        j1 = min(p_max + 1, (b + 1) * BS)
+        n = j1 - j0
+        o0 = j0 - b * BS
+        for jj in range(n):
+            for d in range(D):
+                kbuf[jj, d] = _load_f32(k_cache[blk, o0 + jj, kvh, d])
+        for jj in range(n):
+            for d in range(D):
+                vbuf[jj, d] = _load_f32(v_cache[blk, o0 + jj, kvh, d])
+        v = 0
+        while v + 4 <= nv:
+            for jj in range(0, n, 4):  # kbuf rows past n are stale but finite; their scores are unused
+                _qk4x4(qbuf, v, kbuf, jj, sc)
+            v += 4
+        while v < nv:
+            for jj in range(0, n, 4):
+                _qk1x4(qbuf, v, kbuf, jj, sc)
+            v += 1
+        for v in range(nv):
+            r = v // nh
+            ja = max(row_lo[t0 + r], j0) - j0
+            jb = min(row_pos[t0 + r] + 1, j1) - j0
+            if jb <= ja:  # no key of this block for this row
+                for jj in range(n):
+                    sc[v, jj] = _F0
+                continue
+            mx = m[v]
+            for jj in range(ja, jb):
+                s = sc[v, jj] * scale
+                if softcap > _F0:
+                    s = softcap * tanh_f32(s / softcap)
+                sc[v, jj] = s
+                mx = max(mx, s)
+            if mx > m[v] and m[v] > _NEG_INF:  # new running max: rescale what is accumulated
+                alpha = exp_f32(m[v] - mx)
+                l[v] *= alpha
+                for d in range(Dp):
+                    acc[v, d] *= alpha
+            m[v] = mx
+            for jj in range(n):
+                e = exp_f32(sc[v, jj] - mx)
+                sc[v, jj] = e if ja <= jj and jj < jb else _F0
+            lsum = l[v]
+            for jj in range(ja, jb):
+                lsum += sc[v, jj]
+            l[v] = lsum
+        v = 0
+        while v + 4 <= nv:
+            _pv4(acc, v, sc, vbuf, n)
+            v += 4
+        while v < nv:
+            _pv1(acc, v, sc, vbuf, n)
+            v += 1
+    for v in range(nv):
+        t, h = t0 + v // nh, h0 + v % nh
+        for d in range(D):
+            out[t, h, d] = acc[v, d] / l[v]
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
+                     sliding_window, softcap, nthreads):
+    T, Hq, D = q.shape
+    NB, BS, Hkv = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
+    G = Hq // Hkv
+    S = seq_lens.shape[0]
+    if Hq % Hkv != 0 or k_cache.shape[3] != D or v_cache.shape != k_cache.shape:
+        raise ValueError("paged_attention: q heads / head_dim do not match the KV cache")
+    out = np.zeros((T, Hq, D), np.float32)
+    # Each query row's position p and first visible key lo; checks that keep the kernel in bounds.
+    row_pos = np.zeros(T, np.int64)
+    row_lo = np.zeros(T, np.int64)
+    for s in range(S):
+        q0, q1 = query_start_loc[s], query_start_loc[s + 1]
+        if q0 < 0 or q1 < q0 or q1 > T or q1 - q0 > seq_lens[s]:
+            raise ValueError("paged_attention: bad query_start_loc / seq_lens")
+        if seq_lens[s] > 0 and (seq_lens[s] - 1) // BS >= block_tables.shape[1]:
+            raise ValueError("paged_attention: block table too short for seq_lens")
+        for b in range((seq_lens[s] + BS - 1) // BS):
+            if block_tables[s, b] < 0 or block_tables[s, b] >= NB:
+                raise ValueError("paged_attention: block id out of range")
+        for i in range(q1 - q0):
+            p = np.int64(seq_lens[s]) - (q1 - q0) + i
+            row_pos[q0 + i] = p
+            row_lo[q0 + i] = max(0, p - sliding_window + 1) if sliding_window > 0 else 0
+    # Work items: (tile of up to R rows of one sequence, kv head, chunk of the group's heads). The heads
+    # are split only when rows x kv heads cannot feed the threads (decoding one sequence).
+    nsplit = 1
+    if T * Hkv < nthreads:
+        nsplit = min(G, (nthreads + T * Hkv - 1) // (T * Hkv))
+    hc = (G + nsplit - 1) // nsplit
+    nsplit = (G + hc - 1) // hc
+    R = max(1, 8 // hc)
+    n_items = 0
+    for s in range(S):
+        n_items += (query_start_loc[s + 1] - query_start_loc[s] + R - 1) // R * Hkv * nsplit
+    it_t0 = np.empty(n_items, np.int64)
+    it_nr = np.empty(n_items, np.int64)
+    it_seq = np.empty(n_items, np.int64)
+    it_kvh = np.empty(n_items, np.int64)
+    it_sp = np.empty(n_items, np.int64)
+    cum = np.zeros(n_items + 1, np.int64)  # work (keys x heads) up to each item
+    i = 0
+    for s in range(S):
+        for t0 in range(query_start_loc[s], query_start_loc[s + 1], R):
+            nr = min(R, query_start_loc[s + 1] - t0)
+            keys = 0
+            for t in range(t0, t0 + nr):
+                keys += row_pos[t] - row_lo[t] + 1 + 8
+            for kvh in range(Hkv):
+                for sp in range(nsplit):
+                    it_t0[i], it_nr[i], it_seq[i], it_kvh[i], it_sp[i] = t0, nr, s, kvh, sp
+                    cum[i + 1] = cum[i] + keys * (min(G, (sp + 1) * hc) - sp * hc)
+                    i += 1
+    # Contiguous runs of items with about equal work, one per thread: a causal prefill's last rows
+    # cost far more than its first.
+    nparts = max(1, min(nthreads, n_items))
+    bounds = np.zeros(nparts + 1, np.int64)
+    i = 0
+    for k in range(1, nparts):
+        target = cum[n_items] * k // nparts
+        while i < n_items and cum[i + 1] <= target:
+            i += 1
+        bounds[k] = i
+    bounds[nparts] = n_items
+    Dp = (D + 31) // 32 * 32
+    BS4 = (BS + 3) // 4 * 4
+    nvmax = (R * hc + 3) // 4 * 4
+    for part in prange(nparts):
+        qbuf = np.zeros((nvmax, Dp), np.float32)
+        kbuf = np.zeros((BS4, Dp), np.float32)
+        vbuf = np.zeros((BS, Dp), np.float32)
+        acc = np.zeros((nvmax, Dp), np.float32)
+        sc = np.zeros((nvmax, BS4), np.float32)
+        m = np.zeros(nvmax, np.float32)
+        l = np.zeros(nvmax, np.float32)
+        for it in range(bounds[part], bounds[part + 1]):
+            sp, kvh = it_sp[it], it_kvh[it]
+            h0 = kvh * G + sp * hc
+            nh = min(G, (sp + 1) * hc) - sp * hc
+            _attend_tile(q, k_cache, v_cache, out, it_t0[it], it_nr[it], h0, nh, kvh, block_tables[it_seq[it]],
+                         row_lo, row_pos, np.float32(scale), np.float32(softcap), qbuf, kbuf, vbuf, acc, sc, m, l)
+    return out
+
+
+def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
+                    sliding_window=0, softcap=0.0):
+    """Causal attention of a mixed batch (decodes, prefill chunks) over the paged KV cache.
+
+    Args:
+        q: f32 (T, Hq, D). k_cache, v_cache: (num_blocks, block_size, Hkv, D) float16 or float32,
+        already holding this step's K/V (write_kv). query_start_loc: int32 (S+1,). seq_lens: int32 (S,)
+        context length after this step. block_tables: int32 (S, max_blocks). scale: score multiplier.
+        sliding_window: W > 0 attends to positions p-W+1..p. softcap: > 0 applies cap*tanh(s/cap).
+    Returns:
+        f32 (T, Hq, D). Row i of sequence s sits at p = seq_lens[s] - q_len_s + i and attends causally;
+        query head h reads kv head h // (Hq // Hkv). Rows past query_start_loc[S] are zero.
+    Raises:
+        ValueError: q_len > seq_len, a block table too short or holding an id outside the cache, or
+        q heads / head_dim that do not fit the cache.
+    """
+    return _paged_attention(q, _kernel_view(k_cache), _kernel_view(v_cache), query_start_loc, seq_lens,
+                            block_tables, float(scale), int(sliding_window), float(softcap),
+                            numba.get_num_threads())

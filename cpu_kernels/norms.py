@@ -1,0 +1,76 @@
+"""RMSNorm, as HF computes it in float32: y = x * rsqrt(mean(x^2) + eps) * w.
+
+The sum of squares is accumulated in float64 (exact squares, vectorized), so it is at least as accurate
+as torch's float32 mean; the scaling itself is float32, in HF's order. Each row is computed by the same
+code whatever T is, so a row's result does not depend on the rest of the batch.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+_PAR_MIN_ROWS = 16  # below this a parallel launch costs more than it saves
+_F1 = np.float32(1.0)
+
+
+@njit(cache=True, error_model="numpy", fastmath={"reassoc"})
+def _sum_squares(row):
+    # reassoc lets LLVM vectorize the sum; the order is fixed by the compiled code, not by the batch.
+    s = 0.0
+    for i in range(row.shape[0]):
+        v = np.float64(row[i])
+        s += v * v
+    return s
+
+
+@njit(cache=True, error_model="numpy")
+def _rms_rows(x, w, eps32, out, t0, t1):
+    H = x.shape[1]
+    for t in range(t0, t1):
+        var = np.float32(_sum_squares(x[t]) / H)
+        r = _F1 / np.sqrt(var + eps32)
+        for i in range(H):
+            out[t, i] = (x[t, i] * r) * w[i]
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _rms_par(x, w, eps32, out):
+    T = x.shape[0]
+    nchunks = min(T, 64)
+    for c in prange(nchunks):
+        _rms_rows(x, w, eps32, out, c * T // nchunks, (c + 1) * T // nchunks)
+
+
+@njit(cache=True, error_model="numpy")
+def rms_norm(x, w, eps, unit_offset=False):
+    """RMSNorm over the last axis.
+
+    Args:
+        x: f32 (T, H), any strides. w: f32 (H,). eps: float.
+        unit_offset: scale by (1 + w) (HF Gemma's raw weights; GGUF gemma weights already include the +1).
+    Returns:
+        new f32 (T, H) C-contiguous.
+
+    Per-head norm (QK-norm) of x (T, Hh, D) over D: rms_norm_heads below, or reshape to (T * Hh, D).
+    """
+    T, H = x.shape
+    out = np.empty((T, H), np.float32)
+    if unit_offset:
+        ww = np.empty(H, np.float32)
+        for i in range(H):
+            ww[i] = _F1 + w[i]
+    else:
+        ww = w.astype(np.float32)
+    eps32 = np.float32(eps)
+    if T >= _PAR_MIN_ROWS:
+        _rms_par(x, ww, eps32, out)
+    else:
+        _rms_rows(x, ww, eps32, out, 0, T)
+    return out
+
+
+@njit(cache=True, error_model="numpy")
+def rms_norm_heads(x, w, eps, unit_offset=False):
+    """QK-norm: x f32 (T, Hh, D) C-contiguous, w f32 (D,) -> new f32 (T, Hh, D), each head normalized over D."""
+    T, Hh, D = x.shape
+    return rms_norm(x.reshape(T * Hh, D), w, eps, unit_offset).reshape(T, Hh, D)

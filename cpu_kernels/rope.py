@@ -1,0 +1,145 @@
+"""Rotary position embeddings: inverse frequencies for each scaling type, and the in-place rotation.
+
+rope_inv_freq follows transformers' modeling_rope_utils step by step in float32 (numpy 2 keeps Python
+scalars weak, as torch does), so inv_freq agrees with HF's to about 1 ulp (the float32 pow may differ).
+apply_rope computes angle = float32(pos) * inv_freq in float32 as HF does, then cos/sin of that float32
+angle in float64 rounded to float32 (within 1 ulp of torch's), and rotates without FMA contraction.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from engine.model.config import RopeScaling
+
+_PAR_MIN_ROWS = 8
+
+
+def _base_inv_freq(dim: int, theta: float) -> np.ndarray:
+    # HF: 1.0 / (base ** (arange(0, dim, 2).float() / dim)); the pow rounded once from float64.
+    expo = np.arange(0, dim, 2).astype(np.float32) / np.float32(dim)
+    pos_freqs = (np.float64(theta) ** expo.astype(np.float64)).astype(np.float32)
+    return pos_freqs
+
+
+def _yarn_mscale(factor: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> tuple[np.ndarray, float]:
+    """Inverse frequencies and the cos/sin multiplier (HF's attention_scaling) for one RoPE base.
+
+    Args:
+        head_dim: rotated dimensions D (the rotary dim when only part of a head rotates).
+        theta: RoPE base.
+        scaling: type 'none' | 'linear' (inv_freq / factor) | 'llama3' | 'yarn', as HF computes them.
+    Returns:
+        (inv_freq f32 (D/2,), mscale). mscale is scaling.attn_factor for every type, times yarn's own
+        0.1 ln(factor) + 1 for yarn (HF's attention_factor replaces the latter: pass it divided by it).
+    """
+    dim = int(head_dim)
+    kind = (scaling.type or "none").lower()
+    pos_freqs = _base_inv_freq(dim, theta)
+    mscale = float(scaling.attn_factor)
+    if kind in ("none", "default"):
+        return (1.0 / pos_freqs).astype(np.float32), mscale
+    if kind == "linear":
+        inv_freq = 1.0 / pos_freqs
+        return (inv_freq / np.float32(scaling.factor)).astype(np.float32), mscale
+    if kind in ("llama3", "yarn") and scaling.original_max_position <= 0:
+        raise ValueError(f"rope scaling {kind!r} needs original_max_position > 0")
+    if kind == "llama3":
+        return _llama3(1.0 / pos_freqs, scaling), mscale
+    if kind == "yarn":
+        return _yarn(pos_freqs, dim, theta, scaling), mscale * _yarn_mscale(scaling.factor)
+    raise ValueError(f"unsupported rope scaling type {scaling.type!r} (none, linear, llama3, yarn)")
+
+
+def _llama3(inv_freq: np.ndarray, sc: RopeScaling) -> np.ndarray:
+    # transformers _compute_llama3_parameters, same operations in float32
+    factor, low, high = sc.factor, sc.low_freq_factor, sc.high_freq_factor
+    old_context_len = sc.original_max_position
+    low_freq_wavelen = old_context_len / low
+    high_freq_wavelen = old_context_len / high
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return np.where(is_medium, smoothed, inv_freq_llama).astype(np.float32)
+
+
+def _yarn(pos_freqs: np.ndarray, dim: int, base: float, sc: RopeScaling) -> np.ndarray:
+    # transformers _compute_yarn_parameters with truncate=True, same operations in float32
+    factor = sc.factor
+    beta_fast = sc.beta_fast or 32
+    beta_slow = sc.beta_slow or 1
+    orig = sc.original_max_position
+
+    def correction_dim(num_rotations):
+        return (dim * math.log(orig / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001  # HF: prevent singularity
+    inv_freq_extrapolation = 1.0 / pos_freqs
+    inv_freq_interpolation = 1.0 / (factor * pos_freqs)
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    extrapolation_factor = 1 - ramp
+    inv_freq = (inv_freq_interpolation * (1 - extrapolation_factor)
+                + inv_freq_extrapolation * extrapolation_factor)
+    return inv_freq.astype(np.float32)
+
+
+@njit(cache=True, error_model="numpy")
+def _rope_rows(x, positions, inv_freq, mscale32, neox, t0, t1):
+    H, D = x.shape[1], x.shape[2]
+    half = inv_freq.shape[0]  # rotates the first 2 * half dims (partial rotary); the rest pass through
+    cos = np.empty(half, np.float32)
+    sin = np.empty(half, np.float32)
+    for t in range(t0, t1):
+        pos = np.float32(positions[t])
+        for i in range(half):
+            ang = np.float64(pos * inv_freq[i])  # the float32 product, as HF
+            cos[i] = np.float32(np.cos(ang)) * mscale32
+            sin[i] = np.float32(np.sin(ang)) * mscale32
+        for h in range(H):
+            if neox:  # pairs (i, i + half): HF rotate_half
+                for i in range(half):
+                    a = x[t, h, i]
+                    b = x[t, h, i + half]
+                    x[t, h, i] = a * cos[i] - b * sin[i]
+                    x[t, h, i + half] = b * cos[i] + a * sin[i]
+            else:  # pairs (2i, 2i + 1): GPT-J / llama.cpp "normal"
+                for i in range(half):
+                    a = x[t, h, 2 * i]
+                    b = x[t, h, 2 * i + 1]
+                    x[t, h, 2 * i] = a * cos[i] - b * sin[i]
+                    x[t, h, 2 * i + 1] = b * cos[i] + a * sin[i]
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _rope_par(x, positions, inv_freq, mscale32, neox):
+    T = x.shape[0]
+    nchunks = min(T, 64)
+    for c in prange(nchunks):
+        _rope_rows(x, positions, inv_freq, mscale32, neox, c * T // nchunks, (c + 1) * T // nchunks)
+
+
+@njit(cache=True, error_model="numpy")
+def apply_rope(x, positions, inv_freq, mscale, neox):
+    """Rotates x in place.
+
+    Args:
+        x: f32 (T, H, D), modified in place. positions: int64 (T,). inv_freq: f32 (R/2,) with R <= D
+        (R < D: only the first R dims rotate). mscale: cos/sin multiplier. neox: True pairs (i, i + R/2)
+        (HF rotate_half; qwen2/3, gemma3), False pairs (2i, 2i + 1) (llama on GGUF-permuted weights).
+    """
+    m32 = np.float32(mscale)
+    if x.shape[0] >= _PAR_MIN_ROWS:
+        _rope_par(x, positions, inv_freq, m32, neox)
+    else:
+        _rope_rows(x, positions, inv_freq, m32, neox, 0, x.shape[0])

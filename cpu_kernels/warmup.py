@@ -1,0 +1,48 @@
+"""Compile (or load from Numba's cache) every non-matmul kernel for the argument types the model uses."""
+from __future__ import annotations
+
+import numpy as np
+
+from cpu_kernels import activations, attention, norms, rope
+from engine.model.config import RopeScaling
+
+
+def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
+    """Calls each kernel once on tiny shapes, on its serial and its parallel path, for each KV dtype.
+
+    Types match the callers: float32 C-contiguous activations, int64 positions and slots, int32 batch
+    tables, Python floats/ints/bools for scalars (rms_norm with and without unit_offset given).
+    """
+    f32 = np.float32
+    x = np.ones((20, 8), f32)
+    w = np.ones(8, f32)
+    for rows in (x[:1], x):
+        norms.rms_norm(rows, w, 1e-6)
+        norms.rms_norm(rows, w, 1e-6, True)
+    norms.rms_norm_heads(x.reshape(20, 2, 4), w[:4], 1e-6)
+    norms.rms_norm_heads(x.reshape(20, 2, 4), w[:4], 1e-6, True)
+
+    inv_freq, mscale = rope.rope_inv_freq(8, 10000.0, RopeScaling())
+    for t in (1, 20):
+        q = np.ones((t, 2, 8), f32)
+        for neox in (True, False):
+            rope.apply_rope(q, np.arange(t, dtype=np.int64), inv_freq, mscale, neox)
+
+    for gate in (np.ones((1, 8), f32), np.ones((8, 4096), f32)):
+        activations.silu_mul(gate, gate)
+        activations.gelu_tanh_mul(gate, gate)
+        activations.softcap(gate.copy(), 30.0)
+
+    hq, hkv, d, bs = 4, 2, 8, 4
+    k = np.ones((3, hkv, d), f32)
+    slots = np.array([1, 7, 8], np.int64)
+    decode = (np.array([0, 1], np.int32), np.array([2], np.int32), np.array([[0, 0]], np.int32))
+    mixed = (np.array([0, 1, 3], np.int32), np.array([2, 5], np.int32), np.array([[0, 0], [1, 2]], np.int32))
+    for dtype in kv_dtypes:
+        k_cache = np.zeros((3, bs, hkv, d), dtype)
+        v_cache = np.zeros_like(k_cache)
+        attention.write_kv(k, k, k_cache, v_cache, slots)
+        for qsl, seq_lens, block_tables in (decode, mixed):
+            q = np.ones((qsl[-1], hq, d), f32)
+            attention.paged_attention(q, k_cache, v_cache, qsl, seq_lens, block_tables, 0.5)
+            attention.paged_attention(q, k_cache, v_cache, qsl, seq_lens, block_tables, 0.5, 2, 30.0)
