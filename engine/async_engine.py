@@ -1,0 +1,361 @@
+"""AsyncLLMEngine: LLMEngine behind one engine thread, for asyncio callers (the server).
+
+The scheduler is not thread-safe, so every LLMEngine call (add, abort, step) runs on the one engine
+thread. Callers talk to it through a command deque: add_request enqueues ("add", ...) and awaits a
+future (so a bad request raises ValueError before anything streams); abort enqueues ("abort", id)
+and returns at once (it is called from `finally` blocks and cancellations). The thread processes
+commands between steps, steps while requests exist and sleeps on an event otherwise. Outputs go to
+a per-request asyncio.Queue through loop.call_soon_threadsafe.
+
+A step that raises fails every live request with EngineStepError (their blocks are freed by the
+aborts) and the loop goes on serving new requests.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Optional
+
+from engine.outputs import RequestOutput
+from engine.sampling import SamplingParams
+
+logger = logging.getLogger("ramlm.async_engine")
+
+
+class EngineStepError(RuntimeError):
+    """The engine step that was running this request failed; the request was aborted."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread is not running (shut down)."""
+
+
+@dataclass
+class EngineSnapshot:
+    """Statistics copied by the engine thread after every step and command (read by /metrics)."""
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    kv_used_blocks: int = 0
+    kv_total_blocks: int = 0
+    prefix_cache_hit_rate: float = 0.0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    num_preemptions: int = 0
+    num_step_errors: int = 0
+
+
+class RequestStream:
+    """Async iterator over one request's cumulative RequestOutputs.
+
+    Outputs that queue up while the consumer is busy are coalesced into the latest one (they are
+    cumulative, so nothing is lost). Cancelling the consumer, or calling abort(), aborts the request.
+    """
+
+    def __init__(self, request_id: str, engine: "AsyncLLMEngine", loop: asyncio.AbstractEventLoop):
+        self.request_id = request_id
+        self._engine = engine
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self.finished = False  # the consumer has seen the last output (or an error, or aborted)
+        # Engine-thread timing, for the TTFT / TPOT histograms.
+        self.arrival = time.monotonic()
+        self.first_token_time: Optional[float] = None
+
+    # Engine thread side.
+    def _put(self, item: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the consumer's loop is closed (shutdown): nobody is listening
+            pass
+
+    # Consumer side.
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        while not isinstance(item, BaseException) and not self._queue.empty():
+            item = self._queue.get_nowait()
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if item.finished:
+            self.finished = True
+        return item
+
+    def abort(self) -> None:
+        """Aborts the request unless it already finished; safe to call any number of times."""
+        if not self.finished:
+            self.finished = True
+            self._engine.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.abort()
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: Any
+    params: SamplingParams
+    stream: RequestStream
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass
+class _Call:  # run fn(engine) on the engine thread (tests, maintenance)
+    fn: Callable
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass
+class _Hooks:
+    on_first_token: Optional[Callable[[float], None]] = None   # seconds from arrival to the first token
+    on_finished: Optional[Callable[[RequestOutput, Optional[float]], None]] = None  # (output, mean TPOT)
+    on_aborted: Optional[Callable[[], None]] = None  # a live request was aborted (disconnect, failed step)
+
+
+class AsyncLLMEngine:
+    """Wraps an LLMEngine (or anything with its add_request/step/abort_request/has_unfinished_requests).
+
+    Args:
+        engine: the LLMEngine; owned by the engine thread from start() on.
+        on_first_token, on_finished, on_aborted: optional callbacks, called on the engine thread, for metrics.
+    """
+
+    def __init__(self, engine, on_first_token=None, on_finished=None, on_aborted=None):
+        self.engine = engine
+        self.hooks = _Hooks(on_first_token, on_finished, on_aborted)
+        self._commands: collections.deque = collections.deque()
+        self._wake = threading.Event()
+        self._stop = False
+        self._streams: dict[str, RequestStream] = {}  # engine thread only
+        self._thread: Optional[threading.Thread] = None
+        self.snapshot = EngineSnapshot()
+        self.last_error: Optional[str] = None
+
+    @classmethod
+    def from_engine_args(cls, args, **kw) -> "AsyncLLMEngine":
+        from engine.engine import LLMEngine
+        return cls(LLMEngine(args), **kw)
+
+    # ---- passthroughs (immutable after load, safe from any thread) ----
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    # ---- lifecycle ----
+    def start(self) -> "AsyncLLMEngine":
+        if self._thread is None:
+            self._stop = False
+            self._thread = threading.Thread(target=self._run, name="ramlm-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop_soon(self) -> None:
+        """Asks the engine thread to stop without waiting: live requests fail with EngineDeadError
+        (streams end), new ones are refused. Safe from a signal handler."""
+        self._stop = True
+        self._wake.set()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop
+
+    # ---- caller side (event loop) ----
+    async def add_request(self, request_id: str, prompt: Any, params: SamplingParams) -> RequestStream:
+        """Queues a request; returns its stream once the engine accepted it.
+
+        Raises:
+            ValueError / TypeError: the engine rejected the request (prompt too long, bad token ids, ...).
+            EngineDeadError: the engine thread is not running.
+        """
+        if not self.is_running:
+            raise EngineDeadError("the engine is not running")
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(request_id, self, loop)
+        fut = loop.create_future()
+        self._commands.append(_Add(request_id, prompt, params, stream, fut, loop))
+        self._wake.set()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            self.abort(request_id)  # the caller went away while the request was being queued
+            raise
+        return stream
+
+    async def generate(self, prompt: Any, params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
+        """add_request + iterate; aborts the request if the consumer stops early."""
+        stream = await self.add_request(request_id, prompt, params)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.abort()
+
+    def abort(self, request_id: str) -> None:
+        """Aborts a request (frees its KV blocks); returns at once, from any thread."""
+        self._commands.append(("abort", request_id))
+        self._wake.set()
+
+    async def run_on_engine_thread(self, fn: Callable[[Any], Any]) -> Any:
+        """Runs fn(llm_engine) on the engine thread between steps and returns its result."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._commands.append(_Call(fn, fut, loop))
+        self._wake.set()
+        return await fut
+
+    # ---- engine thread ----
+    def _run(self) -> None:
+        while not self._stop:
+            try:
+                self._drain_commands()
+                if self.engine.has_unfinished_requests():
+                    self._step()
+                else:
+                    self._update_snapshot()
+                    self._wake.wait(timeout=1.0)
+                    self._wake.clear()
+            except Exception as e:  # a bug outside step: fail what is live, keep the thread alive
+                logger.exception("engine loop error")
+                self._fail_all(EngineStepError(f"engine error: {e!r}"))
+                time.sleep(0.01)
+        self._drain_commands()
+        self._fail_all(EngineDeadError("the engine was shut down"))
+
+    def _drain_commands(self) -> None:
+        while self._commands:
+            cmd = self._commands.popleft()
+            if isinstance(cmd, tuple):  # ("abort", id)
+                self._abort(cmd[1])
+            elif isinstance(cmd, _Add):
+                self._add(cmd)
+            else:
+                try:
+                    _resolve(cmd.loop, cmd.future, cmd.fn(self.engine), None)
+                except Exception as e:
+                    _resolve(cmd.loop, cmd.future, None, e)
+        self._update_snapshot()
+
+    def _add(self, cmd: _Add) -> None:
+        if self._stop:
+            _resolve(cmd.loop, cmd.future, None, EngineDeadError("the engine was shut down"))
+            return
+        try:
+            self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params)
+        except Exception as e:
+            _resolve(cmd.loop, cmd.future, None, e)
+            return
+        cmd.stream.arrival = time.monotonic()
+        self._streams[cmd.request_id] = cmd.stream
+        _resolve(cmd.loop, cmd.future, None, None)
+
+    def _abort(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is not None:
+            self.engine.abort_request(request_id)
+            self._hook(self.hooks.on_aborted)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:
+            logger.exception("engine step failed; failing the live requests")
+            self.snapshot.num_step_errors += 1
+            self.last_error = repr(e)
+            self._fail_all(EngineStepError(f"the engine step failed: {e!r}"))
+            return
+        now = time.monotonic()
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            if stream.first_token_time is None and any(c.token_ids for c in out.outputs):
+                stream.first_token_time = now
+                self._hook(self.hooks.on_first_token, now - stream.arrival)
+            if out.finished:
+                del self._streams[out.request_id]
+                ntok = max((len(c.token_ids) for c in out.outputs), default=0)
+                tpot = (now - stream.first_token_time) / (ntok - 1) if ntok > 1 and stream.first_token_time else None
+                self._hook(self.hooks.on_finished, out, tpot)
+            stream._put(out)
+        self._update_snapshot()
+
+    def _hook(self, fn, *args) -> None:
+        if fn is not None:
+            try:
+                fn(*args)
+            except Exception:
+                logger.exception("metrics hook failed")
+
+    def _fail_all(self, error: BaseException) -> None:
+        ids = list(self._streams)
+        for rid in ids:
+            stream = self._streams.pop(rid)
+            try:
+                self.engine.abort_request(rid)
+            except Exception:
+                logger.exception("abort of %s failed", rid)
+            self._hook(self.hooks.on_aborted)
+            stream._put(error)
+        # Requests the engine holds without a stream (should not happen) must not keep it busy forever.
+        try:
+            if self.engine.has_unfinished_requests():
+                self.engine.abort_request(list(getattr(self.engine, "parents", {})))
+        except Exception:
+            logger.exception("cleanup after a failed step failed")
+        self._update_snapshot()
+
+    def _update_snapshot(self) -> None:
+        e = self.engine
+        try:
+            st = e.stats()
+            kv = e.kv_manager
+            used = kv.num_usable_blocks - kv.num_free_blocks
+            self.snapshot = EngineSnapshot(
+                num_running=st.num_running, num_waiting=st.num_waiting, kv_cache_usage=kv.usage,
+                kv_used_blocks=used, kv_total_blocks=kv.num_usable_blocks,
+                prefix_cache_hit_rate=kv.prefix_cache_hit_rate, prompt_tokens_total=e.num_prompt_tokens,
+                generation_tokens_total=e.num_generation_tokens,
+                num_preemptions=getattr(st, "num_preemptions", 0),
+                num_step_errors=self.snapshot.num_step_errors)
+        except Exception:  # statistics must never take the loop down
+            logger.debug("snapshot failed", exc_info=True)
+
+
+def _resolve(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, result, error) -> None:
+    def set_it():
+        if fut.done():  # the caller was cancelled meanwhile
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+    try:
+        loop.call_soon_threadsafe(set_it)
+    except RuntimeError:  # loop closed
+        pass
