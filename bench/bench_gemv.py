@@ -2,6 +2,7 @@
 
     python bench/bench_gemv.py                        # every format at 4096 x 4096, Q8_0 at 262144 x 640
     python bench/bench_gemv.py --formats Q8_0 Q4_K --reps 30 --json bench/results/gemv.json
+    python bench/bench_gemv.py --threads 1        # one core for both (steadier on a shared machine)
 
 Prints one line per (format, shape): median and best us/call, GB/s of GGUF weight bytes at the
 median, and the numpy float32 GEMV time measured alternately with it (the machine is shared, so
@@ -16,6 +17,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if "--threads" in sys.argv:  # thread counts must be set before numpy's BLAS and Numba load
+    _n = sys.argv[sys.argv.index("--threads") + 1]
+    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["NUMBA_NUM_THREADS"] = _n
 
 import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
@@ -67,6 +72,7 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--size", type=int, default=4096, help="N = K of the square case")
     ap.add_argument("--no-output-shape", action="store_true", help="skip the 262144 x 640 Q8_0 case")
+    ap.add_argument("--threads", type=int, default=None, help="threads for the kernels and numpy (default: all)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     configure_threads()

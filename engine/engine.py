@@ -183,7 +183,7 @@ class LLMEngine:
                 ids.append(s.req_id)
         if not rows:
             return {}
-        logits = self.runner.compute_logits(np.stack(rows))
+        logits = self.runner.compute_logits(np.stack(rows), per_row=True)
         srows = []
         for rid in ids:
             c = self.children[rid]

@@ -81,6 +81,12 @@ class LLM:
                     "prompt_token_ids": tok.apply_chat_template(c, tokenize=True, **kw)} for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
+    def beam_search(self, prompts, params):
+        """vLLM's LLM.beam_search: prompts (strings, token lists or dicts), BeamSearchParams ->
+        one BeamSearchOutput per prompt whose sequences hold prompt + generated tokens, best first."""
+        from engine.beam_search import beam_search
+        return beam_search(self, _as_list(prompts), params)
+
 
 def _as_list(prompts) -> list:
     if isinstance(prompts, (str, dict)):

@@ -84,8 +84,8 @@ class ModelRunner:
             r += k
         return out
 
-    def compute_logits(self, hidden_rows: np.ndarray) -> np.ndarray:
-        return self.model.compute_logits(hidden_rows)
+    def compute_logits(self, hidden_rows: np.ndarray, per_row: bool = False) -> np.ndarray:
+        return self.model.compute_logits(hidden_rows, per_row=per_row)
 
     def execute(self, chunks: list[SeqChunk]) -> list[np.ndarray | None]:
         """Runs one forward pass; returns per chunk its logits rows (1 or n rows) or None."""

@@ -8,6 +8,7 @@ import numpy as np
 from cpu_kernels import activations
 from engine.batch import BatchMetadata
 from engine.model.config import ModelConfig
+from engine.model import layers
 from engine.model.layers import Linear, RMSNorm, has
 
 
@@ -39,14 +40,19 @@ class DecoderModel:
     def forward(self, meta: BatchMetadata, kv_caches: list) -> np.ndarray:
         """Runs all blocks over the flattened batch; returns hidden states (T, H) before the final norm."""
         x = self.embed_tokens(meta.input_ids)
-        for block, kv in zip(self.blocks, kv_caches):
-            x = block(x, meta, kv)
+        layers.ROWS = layers.RowGroups(meta.query_start_loc)
+        try:
+            for block, kv in zip(self.blocks, kv_caches):
+                x = block(x, meta, kv)
+        finally:
+            layers.ROWS = layers.RowGroups()
         return x
 
-    def compute_logits(self, hidden: np.ndarray) -> np.ndarray:
-        """hidden (R, H) rows that sample -> logits (R, vocab) float32."""
+    def compute_logits(self, hidden: np.ndarray, per_row: bool = False) -> np.ndarray:
+        """hidden (R, H) -> logits (R, vocab) float32. per_row: the rows come from different sequences
+        (one sampled row each), so each runs the M = 1 kernel and its logits do not depend on the batch."""
         h = self.final_norm(np.ascontiguousarray(hidden, dtype=np.float32))
-        logits = self.lm_head(h)
+        logits = self.lm_head(h, per_row=per_row)
         if self.config.final_logit_softcap:
             activations.softcap(logits, self.config.final_logit_softcap)
         return logits

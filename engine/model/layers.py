@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from cpu_kernels import activations, attention, norms, rope
-from cpu_kernels.quant.linear import QuantLinear
+from cpu_kernels.quant.linear import GEMV_MAX_M, QuantLinear
 from engine.batch import BatchMetadata
 from engine.model.config import ModelConfig
 
@@ -19,6 +19,31 @@ def vector(ws, name: str) -> np.ndarray:
 
 def has(ws, name: str) -> bool:
     return name in ws.names()
+
+
+class RowGroups:
+    """The current batch's rows grouped by sequence, so that a row's result does not depend on its batch:
+    rows of short groups (decodes, small chunks) all run the per-row GEMV kernel, and each long prefill
+    chunk takes the dense path on its own rows only. Set by DecoderModel.forward for one pass."""
+
+    def __init__(self, query_start_loc: np.ndarray | None = None):
+        self.num_rows = -1
+        self.small = None
+        self.large: list[tuple[int, int]] = []
+        if query_start_loc is None:
+            return
+        q = np.asarray(query_start_loc, dtype=np.int64)
+        lens = np.diff(q)
+        self.num_rows = int(q[-1])
+        small = [np.arange(a, b) for a, b, n in zip(q[:-1], q[1:], lens) if 0 < n <= GEMV_MAX_M]
+        self.small = np.concatenate(small) if small else np.empty(0, np.int64)
+        self.large = [(int(a), int(b)) for a, b, n in zip(q[:-1], q[1:], lens) if n > GEMV_MAX_M]
+
+    def applies_to(self, x: np.ndarray) -> bool:
+        return x.shape[0] == self.num_rows
+
+
+ROWS = RowGroups()
 
 
 class Linear:
@@ -43,8 +68,21 @@ class Linear:
     def out_features(self) -> int:
         return self.weight.N
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        y = self.weight.matmul(x, batch_invariant=self.batch_invariant)
+    def __call__(self, x: np.ndarray, per_row: bool = False) -> np.ndarray:
+        """per_row: every row runs the M = 1 kernel (rows of different sequences, e.g. sampled rows)."""
+        w, rows = self.weight, ROWS
+        if self.batch_invariant or per_row or not rows.applies_to(x):
+            y = w.matmul(x, batch_invariant=self.batch_invariant or per_row)
+        elif not rows.large:  # decodes and short chunks only
+            y = w.matmul(x, batch_invariant=True)
+        elif len(rows.large) == 1 and not rows.small.size:  # one long prefill chunk
+            y = w.matmul(x)
+        else:
+            y = np.empty((x.shape[0], w.N), np.float32)
+            if rows.small.size:
+                y[rows.small] = w.matmul(x[rows.small], batch_invariant=True)
+            for a, b in rows.large:
+                y[a:b] = w.matmul(x[a:b])
         if self.bias is not None:
             y += self.bias
         return y

@@ -1,0 +1,128 @@
+"""QuantLinear: one (N, K) weight in any registered format, repacked once at load."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from .registry import QuantFormat, get_format
+
+# Up to this many rows, matmul runs the GEMV kernel per row (weights read from DRAM once, reused from
+# L1 for every row); above it, weight tiles are dequantized to bfloat16 and multiplied by torch.
+GEMV_MAX_M = 8
+# Rows of W dequantized per torch call on the prefill path: about this many weights per tile.
+TILE_ELEMS = 1 << 23
+
+
+class QuantLinear:
+    """y = x @ W^T for a weight W (N, K) stored in a GGUF format.
+
+    Attributes: N, K, ggml_type, nbytes (bytes held after repacking), fmt (its QuantFormat).
+    """
+
+    def __init__(self, fmt: QuantFormat, packed: tuple, N: int, K: int):
+        self.fmt, self.packed, self.N, self.K = fmt, packed, N, K
+        self.ggml_type = fmt.ggml_type
+        self.nbytes = int(sum(a.nbytes for a in packed))
+
+    @classmethod
+    def from_raw(cls, ggml_type, raw: np.ndarray, shape: tuple[int, int]) -> "QuantLinear":
+        """Repack a raw GGUF tensor.
+
+        Args:
+            ggml_type: gguf.GGMLQuantizationType of raw.
+            raw: uint8 (N, bytes_per_row) as GGUF stores it, or for F32/F16/BF16 the typed (N, K)
+                array (f32 / f16 / uint16 bits); a read-only memmap is fine (F32/F16/BF16 stay views).
+            shape: (N, K) of the weight.
+        """
+        fmt = get_format(ggml_type)
+        N, K = (int(s) for s in shape)
+        if K % fmt.block_size:
+            raise ValueError(f"{fmt.ggml_type.name}: row length {K} is not a multiple of {fmt.block_size}")
+        raw = np.asarray(raw)
+        if raw.nbytes != N * fmt.row_bytes(K):
+            raise ValueError(f"{fmt.ggml_type.name} {shape}: expected {N * fmt.row_bytes(K)} bytes, got {raw.nbytes}")
+        raw = raw.reshape(N, -1)
+        return cls(fmt, tuple(fmt.repack(raw, K)), N, K)
+
+    def __repr__(self) -> str:
+        return f"QuantLinear({self.ggml_type.name}, N={self.N}, K={self.K}, {self.nbytes / 2**20:.1f} MiB)"
+
+    def matmul(self, x: np.ndarray, out: np.ndarray | None = None, batch_invariant: bool = False) -> np.ndarray:
+        """x f32 (M, K) -> x @ W^T f32 (M, N) (a 1-D x gives a 1-D result).
+
+        batch_invariant: every row of the result is bitwise what matmul of that row alone gives
+        (the M = 1 kernel runs for each row); otherwise large M takes the faster dense path.
+        """
+        x = np.asarray(x)
+        squeeze = x.ndim == 1
+        if x.ndim not in (1, 2) or x.shape[-1] != self.K:
+            raise ValueError(f"matmul: x of shape {x.shape} does not match the weight's K={self.K}")
+        x2 = np.ascontiguousarray(x[None, :] if squeeze else x, dtype=np.float32)
+        M = x2.shape[0]
+        direct = (out is not None and out.dtype == np.float32 and out.flags.c_contiguous
+                  and out.shape in ((M, self.N),) + (((self.N,),) if squeeze else ()))
+        y = out.reshape(M, self.N) if direct else np.empty((M, self.N), np.float32)
+        if M == 0:
+            pass
+        elif batch_invariant or M <= GEMV_MAX_M:
+            self.fmt.gemv(*self.packed, x2, y)
+        else:
+            self._matmul_dense(x2, y)
+        if out is not None and not direct:
+            out[...] = y.reshape(out.shape)
+            return out
+        if out is not None:
+            return out
+        return y[0] if squeeze else y
+
+    def _matmul_dense(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Prefill: the same math as the GEMV kernels, in float32 through torch.
+
+        Quantized formats see x rounded to Q8 per 32-block exactly as the GEMV path rounds it, and W
+        dequantized to float32 (exact), so both paths agree to float32 summation order: a row's answer
+        does not depend on whether it ran alone or in a long prompt. (A bfloat16 path was 5x faster
+        but moved logits by ~0.1 and flipped greedy tokens between batch shapes.)
+        """
+        import torch
+
+        yt = torch.from_numpy(y)
+        name = self.ggml_type.name
+        if name in ("F32", "F16", "BF16"):
+            xt = torch.from_numpy(x)
+        else:
+            xt = torch.from_numpy(q8_roundtrip(x))
+        tile = min(self.N, max(16, TILE_ELEMS // self.K))
+        buf = np.empty((tile, self.K), np.float32)
+        for lo in range(0, self.N, tile):
+            hi = min(self.N, lo + tile)
+            w = buf[:hi - lo]
+            self.fmt.dequant(*self.packed, np.arange(lo, hi, dtype=np.int64), w)
+            torch.mm(xt, torch.from_numpy(w).T, out=yt[:, lo:hi]) if hi - lo == self.N else \
+                yt[:, lo:hi].copy_(torch.mm(xt, torch.from_numpy(w).T))
+
+    def dequantize(self) -> np.ndarray:
+        """The whole weight as float32 (N, K)."""
+        return self.embed(np.arange(self.N, dtype=np.int64))
+
+    def embed(self, ids) -> np.ndarray:
+        """Rows `ids` (T,) of W as float32 (T, K): a token-embedding lookup; only those rows are read."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.N):
+            raise IndexError(f"embed: ids must lie in [0, {self.N}), got {ids.min()}..{ids.max()}")
+        out = np.empty((ids.shape[0], self.K), np.float32)
+        if ids.size:
+            self.fmt.dequant(*self.packed, ids, out)
+        return out
+
+
+def q8_roundtrip(x: np.ndarray) -> np.ndarray:
+    """x f32 (M, K) as the GEMV kernels see it: round(x / d) * d per 32-block, d = amax / 127 (f32 ops
+    in quantize_act's order)."""
+    M, K = x.shape
+    xb = x.reshape(M, K // 32, 32)
+    amax = np.abs(xb).max(axis=-1, keepdims=True)
+    d = amax / np.float32(127.0)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    return (np.rint(xb * inv) * d).astype(np.float32).reshape(M, K)

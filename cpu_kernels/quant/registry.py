@@ -1,0 +1,80 @@
+"""The quantization formats, as data: FORMATS[GGMLQuantizationType] -> QuantFormat.
+
+Tests iterate over FORMATS, so a format is tested the moment it is registered here. The numpy
+oracle for every format is gguf.quants.dequantize(raw, ggml_type).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+
+from . import k_float, k_kquants, k_legacy, k_lowbit, repack
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """One weight format.
+
+    block_size elements are stored in type_size bytes (GGUF's GGML_QUANT_SIZES).
+    repack(raw uint8 (N, row_bytes) or typed (N, K), K) -> tuple of arrays (`fields`, in order).
+    gemv(*packed, x f32 (M, K) C-contiguous, out f32 (M, N) C-contiguous): out = x @ W^T, each
+        output element computed the same way whatever M is (Numba, parallel over rows of W).
+    dequant(*packed, rows int64 (T,), out f32 (T, K)): out[t] = W[rows[t]], bit-equal to gguf's.
+    int8_activations: gemv quantizes x to int8 per 32-block first (about 0.5 % relative error).
+    """
+    ggml_type: Q
+    block_size: int
+    type_size: int
+    fields: tuple[str, ...]
+    repack: Callable
+    gemv: Callable
+    dequant: Callable
+    int8_activations: bool = True
+
+    def row_bytes(self, K: int) -> int:
+        return K // self.block_size * self.type_size
+
+
+def _quant(t, fields, rp, gemv, deq) -> QuantFormat:
+    bs, ts = GGML_QUANT_SIZES[t]
+    return QuantFormat(t, bs, ts, fields, lambda raw, K: rp(raw), gemv, deq)
+
+
+def _float(t, dtype, gemv, deq) -> QuantFormat:
+    bs, ts = GGML_QUANT_SIZES[t]
+    return QuantFormat(t, bs, ts, ("w",), partial(repack.float_rows, dtype=np.dtype(dtype)), gemv, deq,
+                       int8_activations=False)
+
+
+FORMATS: dict[Q, QuantFormat] = {
+    f.ggml_type: f for f in (
+        _float(Q.F32, np.float32, k_float.gemv_f32, k_float.deq_f32),
+        _float(Q.F16, np.uint16, k_float.gemv_f16, k_float.deq_f16),
+        _float(Q.BF16, np.uint16, k_float.gemv_bf16, k_float.deq_bf16),
+        _quant(Q.Q4_0, ("qs", "d"), repack.q4_0, k_legacy.gemv_q4_0, k_legacy.deq_q4_0),
+        _quant(Q.Q4_1, ("qs", "d", "m"), repack.q4_1, k_legacy.gemv_q4_1, k_legacy.deq_q4_1),
+        _quant(Q.Q5_0, ("qs", "qh", "d"), repack.q5_0, k_legacy.gemv_q5_0, k_legacy.deq_q5_0),
+        _quant(Q.Q5_1, ("qs", "qh", "d", "m"), repack.q5_1, k_legacy.gemv_q5_1, k_legacy.deq_q5_1),
+        _quant(Q.Q8_0, ("qs", "d"), repack.q8_0, k_legacy.gemv_q8_0, k_legacy.deq_q8_0),
+        _quant(Q.Q2_K, ("qs", "sc", "d", "dmin"), repack.q2_k, k_lowbit.gemv_q2_k, k_lowbit.deq_q2_k),
+        _quant(Q.Q3_K, ("hmask", "qs", "sc", "d"), repack.q3_k, k_lowbit.gemv_q3_k, k_lowbit.deq_q3_k),
+        _quant(Q.Q4_K, ("qs", "sc", "mn", "d", "dmin"), repack.q4_k, k_kquants.gemv_q4_k, k_kquants.deq_q4_k),
+        _quant(Q.Q5_K, ("qs", "qh", "sc", "mn", "d", "dmin"), repack.q5_k, k_kquants.gemv_q5_k,
+               k_kquants.deq_q5_k),
+        _quant(Q.Q6_K, ("ql", "qh", "sc", "d"), repack.q6_k, k_kquants.gemv_q6_k, k_kquants.deq_q6_k),
+    )
+}
+
+
+def get_format(ggml_type) -> QuantFormat:
+    """FORMATS[ggml_type], with a clear error for formats ramlm cannot run."""
+    try:
+        return FORMATS[Q(ggml_type)]
+    except (KeyError, ValueError):
+        name = getattr(ggml_type, "name", str(ggml_type))
+        supported = ", ".join(t.name for t in FORMATS)
+        raise NotImplementedError(f"weight format {name} is not supported (supported: {supported})") from None

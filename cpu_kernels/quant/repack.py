@@ -1,0 +1,128 @@
+"""Repack at load: raw GGUF block rows -> the separate contiguous arrays the kernels read.
+
+Every function takes raw uint8 (N, bytes_per_row) (a read-only memmap is fine: everything is
+copied) and returns a tuple of arrays, in the order the format's kernels take them.
+The 32-element formats keep their fp16 scales as uint16 bits (widened in the kernels: 2 bytes less
+per block to stream); the K-quants' per-256 scales become float32; packed 6-bit sub-scales become one
+byte each; quantized values keep GGUF's nibble/bit order, which the kernels decode with vector shifts
+and masks.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+def _blocks(raw: np.ndarray, type_size: int) -> np.ndarray:
+    raw = np.asarray(raw).view(np.uint8)
+    return raw.reshape(raw.shape[0], -1, type_size)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """(..., 2) uint8 little-endian fp16 -> float32 (...)."""
+    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _f16_bits(b: np.ndarray) -> np.ndarray:
+    """(..., 2) uint8 little-endian fp16 -> its uint16 bits (...), contiguous (kernels widen them)."""
+    return np.ascontiguousarray(np.ascontiguousarray(b).view("<u2")[..., 0].astype(np.uint16))
+
+
+def _bytes(b: np.ndarray) -> np.ndarray:
+    """(N, nb, w) -> contiguous (N, nb * w)."""
+    return np.ascontiguousarray(b).reshape(b.shape[0], -1)
+
+
+def q8_0(raw):
+    """-> qs uint8 (N, K): q + 128 (unsigned for VNNI); d fp16 bits uint16 (N, K/32)."""
+    b = _blocks(raw, 34)
+    return _bytes(b[..., 2:] ^ np.uint8(0x80)), _f16_bits(b[..., 0:2])
+
+
+def q4_0(raw):
+    """-> qs uint8 (N, K/2): per block 16 bytes, low nibbles = elements 0..15, high = 16..31;
+    d fp16 bits uint16 (N, K/32). Value = d * (q - 8)."""
+    b = _blocks(raw, 18)
+    return _bytes(b[..., 2:]), _f16_bits(b[..., 0:2])
+
+
+def q4_1(raw):
+    """-> qs (N, K/2), d fp16 bits uint16, m fp16 bits (N, K/32). Value = d * q + m."""
+    b = _blocks(raw, 20)
+    return _bytes(b[..., 4:]), _f16_bits(b[..., 0:2]), _f16_bits(b[..., 2:4])
+
+
+def q5_0(raw):
+    """-> qs (N, K/2) low 4 bits, qh uint32 (N, K/32) bit i = 5th bit of element i,
+    d fp16 bits uint16 (N, K/32). Value = d * (q - 16)."""
+    b = _blocks(raw, 22)
+    qh = np.ascontiguousarray(b[..., 2:6]).view("<u4")[..., 0].astype(np.uint32)
+    return _bytes(b[..., 6:]), qh, _f16_bits(b[..., 0:2])
+
+
+def q5_1(raw):
+    """-> qs, qh, d, m as Q5_0 plus the block min m. Value = d * q + m."""
+    b = _blocks(raw, 24)
+    qh = np.ascontiguousarray(b[..., 4:8]).view("<u4")[..., 0].astype(np.uint32)
+    return _bytes(b[..., 8:]), qh, _f16_bits(b[..., 0:2]), _f16_bits(b[..., 2:4])
+
+
+def q2_k(raw):
+    """-> qs (N, K/4): per 256, 64 bytes, group j of 32 = bits 2(j%4) of bytes 32(j//4)..+32;
+    sc uint8 (N, K/16): low nibble scale, high nibble min per 16; d, dmin f32 (N, K/256).
+    Value = d * (sc & 15) * q - dmin * (sc >> 4)."""
+    b = _blocks(raw, 84)
+    return _bytes(b[..., 16:80]), _bytes(b[..., 0:16]), _f16(b[..., 80:82]), _f16(b[..., 82:84])
+
+
+def q3_k(raw):
+    """-> hmask (N, K/8): bit j of its 32 bytes = high bit of group j; qs (N, K/4) as Q2_K;
+    sc int8 (N, K/16) (6-bit scale - 32); d f32 (N, K/256). Value = d * sc * (q2 + 4 * hbit - 4)."""
+    b = _blocks(raw, 110)
+    s = b[..., 96:108]
+    lo = np.concatenate([s[..., 0:8] & 0x0F, s[..., 0:8] >> 4], axis=-1)
+    hi = np.concatenate([(s[..., 8:12] >> sh) & 3 for sh in (0, 2, 4, 6)], axis=-1)
+    sc = ((lo | (hi << 4)).astype(np.int16) - 32).astype(np.int8)
+    return _bytes(b[..., 0:32]), _bytes(b[..., 32:96]), _bytes(sc), _f16(b[..., 108:110])
+
+
+def _scale_min_k4(s: np.ndarray):
+    """(N, ns, 12) packed 6-bit scales and mins -> two uint8 (N, ns, 8)."""
+    d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def q4_k(raw):
+    """-> qs (N, K/2): per 64 elements 32 bytes, low nibbles = first 32, high = next 32;
+    sc, mn uint8 (N, K/32); d, dmin f32 (N, K/256). Value = d * sc * q - dmin * mn."""
+    b = _blocks(raw, 144)
+    sc, mn = _scale_min_k4(b[..., 4:16])
+    return _bytes(b[..., 16:]), _bytes(sc), _bytes(mn), _f16(b[..., 0:2]), _f16(b[..., 2:4])
+
+
+def q5_k(raw):
+    """-> qs (N, K/2) as Q4_K, qh (N, K/8): bit j of its 32 bytes = 5th bit of group j;
+    sc, mn, d, dmin as Q4_K."""
+    b = _blocks(raw, 176)
+    sc, mn = _scale_min_k4(b[..., 4:16])
+    return (_bytes(b[..., 48:]), _bytes(b[..., 16:48]), _bytes(sc), _bytes(mn),
+            _f16(b[..., 0:2]), _f16(b[..., 2:4]))
+
+
+def q6_k(raw):
+    """-> ql (N, K/2), qh (N, K/4) in GGUF order (see the Q6_K kernel), sc int8 (N, K/16),
+    d f32 (N, K/256). Value = d * sc * (q - 32)."""
+    b = _blocks(raw, 210)
+    return (_bytes(b[..., 0:128]), _bytes(b[..., 128:192]), _bytes(b[..., 192:208]).view(np.int8),
+            _f16(b[..., 208:210]))
+
+
+def float_rows(raw, K: int, dtype):
+    """F32/F16/BF16: the typed (N, K) array (F16/BF16 as uint16 bits), a read-only view of raw when
+    raw is contiguous. Always read-only, so its kernels compile once whether raw is a memmap or not."""
+    raw = np.asarray(raw)
+    if raw.dtype != dtype:
+        raw = np.ascontiguousarray(raw).view(np.uint8).reshape(raw.shape[0], -1).view(dtype)
+    w = np.ascontiguousarray(raw.reshape(-1, K)).view()
+    w.flags.writeable = False
+    return (w,)

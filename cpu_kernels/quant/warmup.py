@@ -1,0 +1,27 @@
+"""Compile (or load from Numba's cache) every kernel signature the engine uses, on tiny shapes."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def warmup(verbose: bool = False) -> float:
+    """Run each format's gemv and dequantize (float32 and bfloat16 outputs) once with the dtypes and
+    layouts QuantLinear passes. Returns the seconds it took (first process: compiles; later ones: cache loads)."""
+    from .linear import QuantLinear
+    from .quantize import quantize
+    from .registry import FORMATS
+
+    t0 = time.perf_counter()
+    for t, fmt in FORMATS.items():
+        t1 = time.perf_counter()
+        K = max(fmt.block_size, 32)
+        raw = quantize(t, np.linspace(-1, 1, 2 * K, dtype=np.float32).reshape(2, K))
+        lin = QuantLinear.from_raw(t, raw, (2, K))
+        lin.matmul(np.ones((1, K), np.float32))
+        lin.embed(np.zeros(1, np.int64))
+        fmt.dequant(*lin.packed, np.zeros(1, np.int64), np.empty((1, K), np.uint16))  # prefill tiles
+        if verbose:
+            print(f"warmup {t.name}: {time.perf_counter() - t1:.2f} s")
+    return time.perf_counter() - t0

@@ -1,0 +1,197 @@
+"""Every registered weight format against gguf's numpy dequantize (the oracle) and float64 matmuls."""
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from cpu_kernels.quant import FORMATS, QuantLinear, quantize
+from cpu_kernels.quant.linear import GEMV_MAX_M
+from cpu_kernels.quant.q8act import quantize_act, quantize_act_ref
+
+TYPES = list(FORMATS)
+# Round-trip error (relative RMS) of our quantizers on Gaussian weights; the K-quant ones are simple.
+ROUNDTRIP_TOL = {Q.F32: 0, Q.F16: 1e-3, Q.BF16: 5e-3, Q.Q8_0: 1e-2, Q.Q6_K: 3e-2, Q.Q5_0: 5e-2,
+                 Q.Q5_1: 5e-2, Q.Q5_K: 6e-2, Q.Q4_0: 0.1, Q.Q4_1: 0.1, Q.Q4_K: 0.1, Q.Q3_K: 0.25, Q.Q2_K: 0.4}
+
+
+def shapes(t):
+    """(N, K) cases: an odd N with a single block per row, and a few blocks per row."""
+    bs = FORMATS[t].block_size
+    if bs == 1:
+        return [(13, 19), (37, 83)]
+    return [(13, bs), (37, 512 if bs == 256 else 160)]
+
+
+def make(t, N, K, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    raw = quantize(t, w)
+    return w, raw, gguf.quants.dequantize(raw, t).reshape(N, K)
+
+
+def typed_raw(t, raw, K):
+    """What GGUFFile.raw hands over: typed arrays for F32/F16/BF16, uint8 rows otherwise."""
+    dtype = {Q.F32: np.float32, Q.F16: np.float16, Q.BF16: np.uint16}.get(t)
+    return raw if dtype is None else raw.view(dtype).reshape(raw.shape[0], K)
+
+
+def rel_err(got, ref):
+    return float(np.abs(got.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+@pytest.fixture(scope="module", params=TYPES, ids=lambda t: t.name)
+def case(request):
+    t = request.param
+    return t, [(N, K) + make(t, N, K) for N, K in shapes(t)]
+
+
+def test_quantize_round_trip(case):
+    t, cases = case
+    for N, K, w, raw, deq in cases:
+        assert raw.dtype == np.uint8 and raw.shape == (N, FORMATS[t].row_bytes(K))
+        err = np.sqrt(((deq - w) ** 2).mean() / (w ** 2).mean())
+        assert err <= ROUNDTRIP_TOL[t], (t.name, err)
+
+
+def test_dequantize_matches_gguf(case):
+    t, cases = case
+    for N, K, w, raw, deq in cases:
+        for r in (raw, typed_raw(t, raw, K)):
+            lin = QuantLinear.from_raw(t, r, (N, K))
+            assert (lin.N, lin.K, lin.ggml_type) == (N, K, t) and lin.nbytes > 0
+            np.testing.assert_array_equal(lin.dequantize(), deq)
+
+
+def test_embed_rows(case):
+    t, cases = case
+    for N, K, w, raw, deq in cases:
+        lin = QuantLinear.from_raw(t, raw, (N, K))
+        ids = np.array([3, 0, N - 1, 3])
+        np.testing.assert_array_equal(lin.embed(ids), deq[ids])
+        assert lin.embed(np.array([], np.int64)).shape == (0, K)
+        with pytest.raises(IndexError):
+            lin.embed(np.array([N]))
+
+
+@pytest.mark.parametrize("M", [1, 5, 70])
+def test_matmul_matches_float64(case, M):
+    t, cases = case
+    # int8 activations (GEMV path) and bfloat16 weights (prefill path, all but F32) cost ~0.5 %
+    exact = not FORMATS[t].int8_activations and (M <= GEMV_MAX_M or t == Q.F32)
+    tol = 1e-5 if exact else 1e-2
+    for N, K, w, raw, deq in cases:
+        lin = QuantLinear.from_raw(t, raw, (N, K))
+        x = np.random.default_rng(M).standard_normal((M, K)).astype(np.float32)
+        ref = x.astype(np.float64) @ deq.astype(np.float64).T
+        got = lin.matmul(x)
+        assert got.shape == (M, N) and got.dtype == np.float32
+        assert rel_err(got, ref) < tol, (t.name, N, K, M, rel_err(got, ref))
+        out = np.full((M, N), np.nan, np.float32)
+        assert lin.matmul(x, out=out) is out
+        np.testing.assert_array_equal(out, got)
+
+
+def test_dequantize_to_bf16_bits(case):
+    """The prefill path's bf16 tiles: gguf's dequantize rounded to bfloat16 (nearest even)."""
+    t, cases = case
+    for N, K, w, raw, deq in cases:
+        lin = QuantLinear.from_raw(t, raw, (N, K))
+        rows = np.array([N - 1, 0, 2], np.int64)
+        out = np.empty((3, K), np.uint16)
+        lin.fmt.dequant(*lin.packed, rows, out)
+        want = gguf.quants.quantize(np.ascontiguousarray(deq[rows]), Q.BF16).view(np.uint16).reshape(3, K)
+        np.testing.assert_array_equal(out, want)
+
+
+def test_prefill_in_several_tiles(monkeypatch):
+    import cpu_kernels.quant.linear as linear
+    for t in (Q.Q4_K, Q.Q8_0, Q.F16):
+        N, K = 37, 256
+        w, raw, deq = make(t, N, K)
+        lin = QuantLinear.from_raw(t, raw, (N, K))
+        x = np.random.default_rng(3).standard_normal((20, K)).astype(np.float32)
+        whole = lin.matmul(x)
+        monkeypatch.setattr(linear, "TILE_ELEMS", 16 * K)  # 16 rows per tile: 3 tiles
+        # float32 GEMM blocking differs by tile shape: equal to float32 rounding, not bitwise
+        np.testing.assert_allclose(lin.matmul(x), whole, rtol=1e-5, atol=1e-5 * np.abs(whole).max())
+        monkeypatch.undo()
+        assert rel_err(whole, x.astype(np.float64) @ deq.astype(np.float64).T) < 1e-2
+
+
+def test_batch_invariant_rows_equal_single_row(case):
+    t, cases = case
+    for N, K, w, raw, deq in cases:
+        lin = QuantLinear.from_raw(t, raw, (N, K))
+        x = np.random.default_rng(1).standard_normal((12, K)).astype(np.float32)
+        got = lin.matmul(x, batch_invariant=True)
+        for i in range(x.shape[0]):
+            np.testing.assert_array_equal(got[i], lin.matmul(x[i:i + 1])[0])
+        np.testing.assert_array_equal(lin.matmul(x[0]), got[0])  # 1-D x -> 1-D result
+
+
+def test_activation_quantizer_matches_numpy():
+    x = np.random.default_rng(0).standard_normal((3, 256)).astype(np.float32)
+    x[1, :32] = 0  # an all-zero block
+    for got, ref in zip(quantize_act(x), quantize_act_ref(x)):
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_rejects_bad_inputs():
+    raw = quantize(Q.Q8_0, np.zeros((4, 64), np.float32))
+    with pytest.raises(ValueError):
+        QuantLinear.from_raw(Q.Q8_0, raw, (4, 96))
+    with pytest.raises(NotImplementedError):
+        QuantLinear.from_raw(Q.IQ2_XXS, raw, (4, 64))
+    with pytest.raises(ValueError):
+        QuantLinear.from_raw(Q.Q8_0, raw, (4, 64)).matmul(np.zeros((2, 32), np.float32))
+
+
+_DPBUSD_CHECK = """
+import sys
+import numpy as np
+from numba import njit
+from cpu_kernels.quant import simd
+
+@njit
+def dots(acc, a, b, out):
+    for i in range(a.shape[0] // 32):
+        v = simd.dpbusd(simd.load_i32x8(acc, 8 * i), simd.load_u8x32(a, 32 * i), simd.load_u8x32(b, 32 * i))
+        simd.store(out, 8 * i, simd.to_f32(v))
+
+rng = np.random.default_rng(0)
+acc = rng.integers(-2**20, 2**20, 64).astype(np.int32)
+a, b = rng.integers(0, 256, (2, 256)).astype(np.uint8)
+out = np.empty(64, np.float32)
+dots(acc, a, b, out)
+sys.stdout.write(str(simd.HAS_VNNI) + " " + out.tobytes().hex())
+"""
+
+
+def _dpbusd(portable: bool):
+    env = dict(os.environ, RAMLM_PORTABLE_SIMD="1" if portable else "0", NUMBA_DISABLE_JIT="0")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = subprocess.run([sys.executable, "-c", _DPBUSD_CHECK], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    has_vnni, hexed = res.stdout.split()
+    return has_vnni == "True", np.frombuffer(bytes.fromhex(hexed), np.float32)
+
+
+def test_dpbusd_vnni_and_portable_paths_agree_with_numpy():
+    """The generic-IR dpbusd (chosen on CPUs without VNNI) computes exactly what vpdpbusd does."""
+    rng = np.random.default_rng(0)
+    acc = rng.integers(-2**20, 2**20, 64).astype(np.int32)
+    a, b = rng.integers(0, 256, (2, 256)).astype(np.uint8)
+    want = acc + (a.astype(np.int64) * b.view(np.int8)).reshape(64, 4).sum(-1)
+    scope = {}
+    exec(_DPBUSD_CHECK.split("rng =")[0], scope)  # the same kernel, compiled here for this host
+    native = np.empty(64, np.float32)
+    scope["dots"](acc, a, b, native)
+    used_vnni, portable = _dpbusd(portable=True)
+    assert not used_vnni
+    np.testing.assert_array_equal(native, want.astype(np.float32))
+    np.testing.assert_array_equal(portable, want.astype(np.float32))
