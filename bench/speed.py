@@ -14,7 +14,7 @@ import time
 from bench.common import median, write_result
 
 
-def run(llm, prompt_tokens: int, gen_tokens: int, repeats: int) -> dict:
+def run(llm, prompt_tokens: int, gen_tokens: int, repeats: int, only: str = "both") -> dict:
     from engine import SamplingParams
     tok = llm.get_tokenizer()
     # A fixed pseudo-text long enough for any prompt length: distinct ids, no special tokens.
@@ -22,9 +22,12 @@ def run(llm, prompt_tokens: int, gen_tokens: int, repeats: int) -> dict:
     prompt = [tok.bos_token_id] + base[: prompt_tokens - 1]
     pp, tg, ttft = [], [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)
-        pp.append(len(prompt) / (time.perf_counter() - t0))
+        if only != "decode":
+            t0 = time.perf_counter()
+            llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)
+            pp.append(len(prompt) / (time.perf_counter() - t0))
+        if only == "prefill":
+            continue
         short = prompt[:8]
         t0 = time.perf_counter()
         first = None
@@ -35,7 +38,9 @@ def run(llm, prompt_tokens: int, gen_tokens: int, repeats: int) -> dict:
         end = time.perf_counter()
         ttft.append(first - t0)
         tg.append((gen_tokens - 1) / (end - first))
-    return {"prefill_tok_s": median(pp), "decode_tok_s": median(tg), "ttft_short_s": median(ttft),
+    nan = float("nan")
+    return {"prefill_tok_s": median(pp) if pp else nan, "decode_tok_s": median(tg) if tg else nan,
+            "ttft_short_s": median(ttft) if ttft else nan,
             "prefill_runs": pp, "decode_runs": tg, "prompt_tokens": len(prompt), "gen_tokens": gen_tokens}
 
 
@@ -47,6 +52,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-json", action="store_true")
+    ap.add_argument("--only", choices=["both", "prefill", "decode"], default="both")
     args = ap.parse_args(argv)
     from engine import LLM
     t0 = time.perf_counter()
@@ -55,13 +61,13 @@ def main(argv=None) -> None:
     load_s = time.perf_counter() - t0
     # Warm-up: compiles or loads every kernel signature once.
     run(llm, 32, 4, 1)
-    res = run(llm, args.prompt_tokens, args.gen_tokens, args.repeats)
+    res = run(llm, args.prompt_tokens, args.gen_tokens, args.repeats, args.only)
     res["load_s"] = load_s
     print(f"model {llm.model_path.rsplit('/', 1)[-1]}: prefill {res['prefill_tok_s']:.1f} tok/s "
           f"(pp{res['prompt_tokens']}), decode {res['decode_tok_s']:.1f} tok/s (tg{args.gen_tokens}), "
           f"load {load_s:.2f} s, median of {args.repeats}")
     if not args.no_json:
-        path = write_result("speed", res, {"model": llm.model_path, "threads": args.threads})
+        path = write_result(args.only if args.only != "both" else "speed", res, {"model": llm.model_path, "threads": args.threads})
         print(f"wrote {path}")
 
 

@@ -1,0 +1,164 @@
+"""Write a valid GGUF with random weights of a real model's shape, loadable by ramlm and llama.cpp.
+
+    python -m bench.make_synthetic --shape llama-8b --quant q4_k_m --out /tmp/llama8b.gguf
+
+Quantized tensors are written as random blocks (random quants, small finite fp16 scales) rather than
+by quantizing random floats: a 4.6 GiB file then takes seconds, not an hour. The vocabulary is a
+synthetic SentencePiece-style one (byte tokens + "tok{i}") so both engines can tokenize.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import gguf
+import numpy as np
+
+from engine.model.config import ModelConfig
+
+Q = gguf.GGMLQuantizationType
+
+SHAPES = {
+    # name: ModelConfig keywords
+    "llama-8b": dict(arch="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                     num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0, rms_norm_eps=1e-5,
+                     max_position_embeddings=8192),
+    "llama-1b": dict(arch="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16,
+                     num_heads=32, num_kv_heads=8, head_dim=64, rope_theta=500000.0, rms_norm_eps=1e-5,
+                     max_position_embeddings=8192),
+    "qwen3-moe-30b-a3b": dict(arch="qwen3moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                              num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128, rope_theta=1e6,
+                              rms_norm_eps=1e-6, max_position_embeddings=32768, num_experts=128,
+                              num_experts_per_tok=8, moe_intermediate_size=768, rope_neox=True),
+    "tiny-llama": dict(arch="llama", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
+                       num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=2048),
+    "tiny-moe": dict(arch="qwen3moe", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=64, max_position_embeddings=2048, num_experts=8,
+                     num_experts_per_tok=2, moe_intermediate_size=256, rope_neox=True),
+}
+
+# Byte offsets of the fp16 scale fields inside one block of each format (the rest may be random).
+F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,),
+              Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+
+
+def quant_plan(preset: str):
+    """name -> ggml type, like llama.cpp's presets (Q4_K_M keeps attn_v and ffn_down in Q6_K)."""
+    def pick(name: str, shape: tuple) -> Q:
+        if len(shape) < 2 or "norm" in name or "ffn_gate_inp" in name:
+            return Q.F32
+        if preset == "q8_0":
+            return Q.Q8_0
+        if preset == "f16":
+            return Q.F16
+        if preset == "q4_0":
+            return Q.Q4_0
+        if preset == "q4_k_m":
+            if name.startswith("output.") or any(k in name for k in ("attn_v", "ffn_down")):
+                return Q.Q6_K
+            return Q.Q4_K
+        raise ValueError(f"unknown quant preset {preset!r}; known: q4_k_m, q8_0, q4_0, f16")
+    return pick
+
+
+def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple]:
+    h, hd = cfg.hidden_size, cfg.head_dim
+    shapes = {"token_embd.weight": (cfg.vocab_size, h), "output_norm.weight": (h,), "output.weight": (cfg.vocab_size, h)}
+    for i in range(cfg.num_layers):
+        p = f"blk.{i}."
+        shapes.update({p + "attn_norm.weight": (h,), p + "ffn_norm.weight": (h,),
+                       p + "attn_q.weight": (cfg.num_heads * hd, h), p + "attn_k.weight": (cfg.num_kv_heads * hd, h),
+                       p + "attn_v.weight": (cfg.num_kv_heads * hd, h), p + "attn_output.weight": (h, cfg.num_heads * hd)})
+        if cfg.arch in ("qwen3", "qwen3moe"):
+            shapes.update({p + "attn_q_norm.weight": (hd,), p + "attn_k_norm.weight": (hd,)})
+        if cfg.num_experts:
+            e, f = cfg.num_experts, cfg.moe_intermediate_size
+            shapes.update({p + "ffn_gate_inp.weight": (e, h), p + "ffn_gate_exps.weight": (e, f, h),
+                           p + "ffn_up_exps.weight": (e, f, h), p + "ffn_down_exps.weight": (e, h, f)})
+        else:
+            f = cfg.intermediate_size
+            shapes.update({p + "ffn_gate.weight": (f, h), p + "ffn_up.weight": (f, h), p + "ffn_down.weight": (h, f)})
+    return shapes
+
+
+def random_tensor(rng: np.random.Generator, qtype: Q, shape: tuple, std: float = 0.02) -> np.ndarray:
+    """Random data in the on-disk layout of qtype: floats for F32/F16, random blocks otherwise."""
+    if qtype == Q.F32:
+        return (1.0 + rng.standard_normal(shape, dtype=np.float32) * 0.05 if len(shape) == 1
+                else rng.standard_normal(shape, dtype=np.float32) * std)
+    if qtype == Q.F16:
+        return (rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float16)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rows = int(np.prod(shape[:-1]))
+    nblocks = shape[-1] // block
+    raw = rng.integers(0, 256, size=(rows * nblocks, size), dtype=np.uint8)
+    # Scales: small positive fp16 so that dequantized weights have roughly the asked spread.
+    scale = np.float16(std / (8 if block == 256 else 64))
+    for off in F16_FIELDS[qtype]:
+        raw[:, off:off + 2] = np.frombuffer(scale.tobytes(), dtype=np.uint8)
+    return raw.reshape(*shape[:-1], nblocks * size)
+
+
+def synthetic_vocab(n: int) -> dict:
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"\u2581tok{i}" for i in range(n - len(tokens))]
+    types = [2, 3, 3] + [6] * 256 + [1] * (n - 259)
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": [float(-i) for i in range(n)], "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+            "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.add_bos_token": True}
+
+
+def write_synthetic(path: str, shape: str, quant: str, seed: int = 0) -> ModelConfig:
+    from engine.model.gguf_export import write_metadata
+    cfg = ModelConfig(**SHAPES[shape], name=f"synthetic {shape} {quant}")
+    pick = quant_plan(quant)
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(path, cfg.arch)
+    write_metadata(w, cfg)
+    vocab = synthetic_vocab(cfg.vocab_size)
+    w.add_tokenizer_model(vocab["tokenizer.ggml.model"])
+    w.add_token_list(vocab["tokenizer.ggml.tokens"])
+    w.add_token_scores(vocab["tokenizer.ggml.scores"])
+    w.add_token_types(vocab["tokenizer.ggml.token_type"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_file_type({"q4_k_m": 15, "q8_0": 7, "q4_0": 2, "f16": 1}[quant])
+    shapes = tensor_shapes(cfg)
+    # Tensor infos first (sizes only), then data streamed one tensor at a time to bound memory.
+    for name, shp in shapes.items():
+        q = pick(name, shp)
+        if q in (Q.F32, Q.F16):
+            w.add_tensor_info(name, shp, np.dtype(np.float32 if q == Q.F32 else np.float16),
+                              int(np.prod(shp)) * (4 if q == Q.F32 else 2))
+        else:
+            block, size = gguf.GGML_QUANT_SIZES[q]
+            nbytes = int(np.prod(shp[:-1])) * (shp[-1] // block) * size
+            w.add_tensor_info(name, (*shp[:-1], shp[-1] // block * size), np.dtype(np.uint8), nbytes, raw_dtype=q)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shp in shapes.items():
+        w.write_tensor_data(random_tensor(rng, pick(name, shp), shp))
+    w.close()
+    return cfg
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    ap.add_argument("--quant", default="q4_k_m")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    write_synthetic(args.out, args.shape, args.quant, args.seed)
+    size = os.path.getsize(args.out)
+    print(f"wrote {args.out}: {args.shape} {args.quant}, {size / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
