@@ -81,6 +81,15 @@ class LLM:
                     "prompt_token_ids": tok.apply_chat_template(c, tokenize=True, **kw)} for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
+    def chat_stream(self, messages, sampling_params: Optional[SamplingParams] = None,
+                    chat_template: Optional[str] = None) -> Iterator[RequestOutput]:
+        """One conversation; yields its cumulative RequestOutput after every step (streamed chat)."""
+        tok = self.get_tokenizer()
+        kw = dict(add_generation_prompt=True, chat_template=chat_template)
+        prompt = {"prompt": tok.apply_chat_template(messages, tokenize=False, **kw),
+                  "prompt_token_ids": tok.apply_chat_template(messages, tokenize=True, **kw)}
+        return self.generate_stream(prompt, sampling_params)
+
     def beam_search(self, prompts, params):
         """vLLM's LLM.beam_search: prompts (strings, token lists or dicts), BeamSearchParams ->
         one BeamSearchOutput per prompt whose sequences hold prompt + generated tokens, best first."""

@@ -61,3 +61,19 @@ def test_beam_search_best_beam_scores_at_least_greedy(llm):
     best = res.sequences[0]
     assert best.cum_logprob >= greedy.outputs[0].cumulative_logprob - 1e-4
     assert all(len(s.tokens) > len(greedy.prompt_token_ids) for s in res.sequences)
+
+
+def test_chat_stream_ends_with_the_same_text_as_chat(llm):
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    params = SamplingParams(temperature=0, max_tokens=6)
+    streamed = list(llm.chat_stream(msgs, params))
+    assert streamed[-1].finished
+    assert streamed[-1].outputs[0].text == llm.chat(msgs, params, use_tqdm=False)[0].outputs[0].text
+
+
+def test_engine_stats_and_request_metrics(llm):
+    out = llm.generate("Count: one, two,", SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)[0]
+    m = out.metrics
+    assert m.first_token_time >= m.first_scheduled_time >= m.arrival_time and m.time_in_queue >= 0
+    stats = llm.llm_engine.stats()
+    assert stats.num_running == 0 and stats.num_waiting == 0 and 0.0 <= stats.kv_cache_usage <= 1.0

@@ -1,0 +1,76 @@
+"""Where a decode step's time goes, per kernel: wraps each kernel entry point with a timer.
+
+    python -m bench.profile_decode [--model M] [--steps 64] [--batch 1] [--threads N]
+
+Prints milliseconds per step by kernel (matmuls split by weight format and shape) and the share of
+the step; the rest ("python") is everything between kernels.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import time
+
+TIMES: collections.Counter = collections.Counter()
+
+
+def _timed(label, fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            TIMES[label(*a, **kw) if callable(label) else label] += time.perf_counter() - t0
+    return wrapper
+
+
+def instrument() -> None:
+    from cpu_kernels import activations, attention, norms, rope
+    from cpu_kernels.quant.linear import QuantLinear
+    from engine import sampler
+    for mod, names in ((norms, ["rms_norm"]), (rope, ["apply_rope"]), (attention, ["write_kv", "paged_attention"]),
+                       (activations, ["silu_mul", "gelu_tanh_mul", "softcap"])):
+        for n in names:
+            setattr(mod, n, _timed(n, getattr(mod, n)))
+    QuantLinear.matmul = _timed(lambda self, x, *a, **k: f"matmul {self.ggml_type.name} {self.N}x{self.K}",
+                                QuantLinear.matmul)
+    QuantLinear.embed = _timed("embed", QuantLinear.embed)
+    sampler.Sampler.sample = _timed("sample", sampler.Sampler.sample)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    from engine import LLM, SamplingParams
+    llm = LLM(model=args.model, num_threads=args.threads, max_model_len=1024, kv_cache_memory=1.0)
+    params = SamplingParams(max_tokens=args.steps + 1, temperature=0, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [llm.get_tokenizer().bos_token_id, 1000 + i, 2000, 3000]}
+               for i in range(args.batch)]
+    llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)  # warm-up
+    instrument()
+    eng = llm.llm_engine
+    for p in prompts:
+        eng.add_request(None, p, params)
+    eng.step()  # the prefill step is not counted
+    TIMES.clear()
+    t0 = time.perf_counter()
+    steps = 0
+    while eng.has_unfinished_requests():
+        eng.step()
+        steps += 1
+    total = (time.perf_counter() - t0) / steps
+    kernels = sum(TIMES.values()) / steps
+    print(f"decode step, batch {args.batch}: {total * 1e3:.2f} ms ({args.batch / total:.1f} tok/s); by kernel:")
+    for name, t in TIMES.most_common():
+        print(f"  {t / steps * 1e3:8.3f} ms  {100 * t / steps / total:5.1f} %  {name}")
+    print(f"  {(total - kernels) * 1e3:8.3f} ms  {100 * (total - kernels) / total:5.1f} %  python and the rest")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Builds the README's benchmark table from the newest JSON of each bench in bench/results/.
+
+    python -m bench.report [--write]     # prints the table; --write replaces it in README.md
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+
+from bench.common import RESULTS
+
+README = os.path.join(os.path.dirname(__file__), "..", "README.md")
+BEGIN, END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
+
+
+def latest() -> dict[str, dict]:
+    newest: dict[str, dict] = {}
+    for path in sorted(glob.glob(os.path.join(RESULTS, "*.json"))):
+        try:
+            with open(path) as f:
+                d = json.load(f)
+        except (OSError, ValueError):
+            continue
+        key = d.get("bench", "?") + " " + os.path.basename(str(d.get("model") or "default"))
+        if key not in newest or d.get("time", "") >= newest[key].get("time", ""):
+            newest[key] = d
+    return newest
+
+
+def rows(results: dict[str, dict]) -> list[str]:
+    out = ["| bench | model | figures | git | when |", "| --- | --- | --- | --- | --- |"]
+    for key in sorted(results):
+        d = results[key]
+        fig = d.get("figures", {})
+        parts = []
+        for k, v in fig.items():
+            if isinstance(v, dict):
+                parts.append(f"{k}: " + ", ".join(f"{kk} {vv:.2f}" for kk, vv in v.items() if isinstance(vv, float)))
+            elif isinstance(v, float):
+                parts.append(f"{k} {v:.2f}")
+            elif isinstance(v, int):
+                parts.append(f"{k} {v}")
+        model = os.path.basename(str(d.get("model") or "gemma-3-270m-q4_k_m.gguf"))
+        out.append(f"| {d.get('bench')} | {model} | {'; '.join(parts)} | {d.get('git', '')} | {d.get('time', '')} |")
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args(argv)
+    table = "\n".join(rows(latest()))
+    print(table)
+    if args.write:
+        with open(README) as f:
+            text = f.read()
+        if BEGIN in text and END in text:
+            head, rest = text.split(BEGIN, 1)
+            _, tail = rest.split(END, 1)
+            text = f"{head}{BEGIN}\n{table}\n{END}{tail}"
+            with open(README, "w") as f:
+                f.write(text)
+
+
+if __name__ == "__main__":
+    main()
