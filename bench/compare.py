@@ -39,7 +39,7 @@ def worker_ramlm(model, threads, prompt_tokens, gen_tokens) -> dict:
     tok = llm.get_tokenizer()
     prompt = _prompt_ids(llm.llm_engine.config.vocab_size, prompt_tokens, tok.bos_token_id)
     greedy1 = SamplingParams(max_tokens=1, temperature=0)
-    llm.generate({"prompt_token_ids": prompt[:16]}, greedy1, use_tqdm=False)  # warm-up (JIT cache load)
+    llm.generate({"prompt_token_ids": prompt[:64]}, greedy1, use_tqdm=False)  # warm-up, as for llama.cpp
     t0 = time.perf_counter()
     llm.generate({"prompt_token_ids": prompt}, greedy1, use_tqdm=False)
     pp = prompt_tokens / (time.perf_counter() - t0)
@@ -59,7 +59,7 @@ def worker_llamacpp(model, threads, prompt_tokens, gen_tokens) -> dict:
                 n_ubatch=512, verbose=False)
     load = time.perf_counter() - t0
     prompt = _prompt_ids(llm.n_vocab(), prompt_tokens, llm.token_bos())
-    llm.eval(prompt[:16])  # warm-up
+    llm.eval(prompt[:64])  # warm-up
     llm.reset()
     t0 = time.perf_counter()
     llm.eval(prompt)

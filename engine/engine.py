@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from typing import Iterable, Optional, Union
 
@@ -20,6 +21,14 @@ from engine.scheduler import Scheduler
 
 PromptType = Union[str, dict, list]
 LOGITS_SLICE = 128  # prompt-logprob rows turned into logits at once (128 x 262k f32 = 134 MB)
+
+
+def _import_torch() -> None:
+    try:
+        import torch
+        torch.mm(torch.zeros(1, 1), torch.zeros(1, 1))
+    except Exception:  # the prefill path will raise a clear error itself if torch is unusable
+        pass
 
 
 class LLMEngine:
@@ -41,10 +50,27 @@ class LLMEngine:
         self.children: dict[str, ChildState] = {}
         self._child_parent: dict[str, str] = {}
         self._ids = itertools.count()
+        self._warm_up()
         self.load_seconds = time.perf_counter() - t0
         # Counters for statistics (the server's /metrics reads them).
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
+
+    def _warm_up(self) -> None:
+        """A dummy short chunk and a decode through every layer, so that the kernels are loaded from
+        the JIT cache (or compiled) before the first request, not during it. Only blocks that no
+        request holds yet are written; they are overwritten when handed out. torch, which only long
+        prefill chunks use, is imported on a background thread: it alone takes 1.5-3 s here."""
+        threading.Thread(target=_import_torch, name="ramlm-import-torch", daemon=True).start()
+        from cpu_kernels.quant.linear import GEMV_MAX_M
+        bs = self.runner.block_size
+        n = min(GEMV_MAX_M, (self.runner.num_blocks - 1) * bs - 1)
+        if n < 2:
+            return
+        blocks = tuple(range(1, 1 + (n + 1 + bs - 1) // bs))
+        hidden = self.runner.execute_hidden([SeqChunk((0,) * n, 0, blocks, "last")])
+        self.runner.compute_logits(hidden[0], per_row=True)
+        self.runner.execute_hidden([SeqChunk((0,), n, blocks, "last")])
 
     # ---- requests ----
     def encode_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:

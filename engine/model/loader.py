@@ -6,9 +6,10 @@ from engine.model.registry import model_class
 from engine.model.weights import open_weights
 
 
-def load_model(path: str, batch_invariant: bool = False):
-    """Returns (model, config). Raises ModelLoadError for anything wrong with the files."""
-    ws = open_weights(path)
+def load_model(path: str, batch_invariant: bool = False, weights=None):
+    """Returns (model, config). Raises ModelLoadError for anything wrong with the files.
+    weights: an already opened WeightSource for `path` (else it is opened here)."""
+    ws = weights if weights is not None else open_weights(path)
     cfg: ModelConfig = ws.config
     model = model_class(cfg.arch)(cfg, ws, batch_invariant=batch_invariant)
     model.weights = ws  # keeps the memory map alive while repacked views point into it
