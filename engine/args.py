@@ -35,6 +35,29 @@ class EngineArgs:
     seed: int = field(default=0, metadata=_meta("seed of the engine's sampler"))
     num_threads: Optional[int] = field(default=None, metadata=_meta("CPU threads for the kernels (default: all cores)"))
     chat_template: Optional[str] = field(default=None, metadata=_meta("Jinja chat template file or string"))
+    # Hybrid placement (offload/): which layers and KV blocks go to a GPU. Default: everything in RAM.
+    n_gpu_layers: Optional[str] = field(default=None, metadata=_meta(
+        "layers on the GPU: N (the last N; N > layers moves the output matrix too), auto or all "
+        "(llama.cpp's -ngl); default 0"))
+    gpu_device: Optional[str] = field(default=None, metadata=_meta(
+        "GPU for the offloaded layers: cuda:0 (ROCm too), xpu:0, mps, or cpu (the GPU code path on torch's "
+        "CPU device, for testing); default: the first GPU found"))
+    gpu_memory_utilization: float = field(default=0.9, metadata=_meta(
+        "fraction of the GPU's memory this engine may use (vLLM's)"))
+    cpu_offload_gb: float = field(default=0.0, metadata=_meta(
+        "GiB of GPU-layer weights kept in RAM and copied to the GPU at every step (vLLM's)"))
+    override_tensor: Optional[str] = field(default=None, metadata=_meta(
+        "REGEX=DEVICE[,...]: tensors whose name matches go to DEVICE (CPU or GPU), e.g. exps=CPU keeps MoE "
+        "experts in RAM (llama.cpp's -ot)"))
+    kv_offload: bool = field(default=False, metadata=_meta(
+        "keep the KV cache of GPU layers in RAM (their attention then runs on the CPU)"))
+    num_cpu_blocks: Optional[int] = field(default=None, metadata=_meta(
+        "KV blocks of a RAM tier behind the GPU's KV blocks (planned and allocated on first use)"))
+    gpu_weight_dtype: str = field(default="auto", metadata=_meta(
+        "GPU layer weights: auto (dequantized once where the budget allows, else packed), float32, float16, "
+        "bfloat16, or packed (GGUF blocks, dequantized per matmul)"))
+    devices_file: Optional[str] = field(default=None, metadata=_meta(
+        "JSON description of RAM and GPUs used instead of probing (planning for another machine, tests)"))
 
     def resolved_model(self) -> str:
         if self.model:

@@ -35,6 +35,11 @@ def _cmd_bench(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(ns: argparse.Namespace) -> int:
+    from engine.plan_cli import run_plan
+    return run_plan(ns)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from engine.args import EngineArgs
     from engine.generate_cli import add_sampling_args
@@ -60,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="interactive chat in the terminal (engine in-process)")
     add_chat_args(chat)
     chat.set_defaults(func=_cmd_chat)
+
+    from engine.plan_cli import add_plan_args
+    plan = sub.add_parser("plan", help="where each layer and KV block would go (RAM or GPU), and why")
+    add_plan_args(plan)
+    plan.set_defaults(func=_cmd_plan)
 
     bench = sub.add_parser("bench", help="benchmarks: speed (prefill/decode), perplexity, ...")
     bench.add_argument("which", help="bench module: speed, perplexity, ...")

@@ -63,16 +63,26 @@ def kv_pool_blocks(args: EngineArgs, cfg: ModelConfig, max_model_len: int, weigh
 
 
 def load_everything(args: EngineArgs) -> Loaded:
+    from concurrent.futures import ThreadPoolExecutor
+
     from engine.model.loader import load_model
+    from engine.model.weights import open_weights
     configure_threads(args.num_threads)
     path = args.resolved_model()
-    model, cfg = load_model(path, batch_invariant=args.batch_invariant)
-    tokenizer = load_tokenizer(args, model.weights)
+    ws = open_weights(path)
+    # The tokenizer (about 1 s for a 262k vocabulary, mostly in Rust) loads while the weights repack.
+    with ThreadPoolExecutor(1, thread_name_prefix="ramlm-tokenizer") as pool:
+        tok_future = pool.submit(load_tokenizer, args, ws)
+        model, cfg = load_model(path, batch_invariant=args.batch_invariant, weights=ws)
+        tokenizer = tok_future.result()
     max_model_len = args.max_model_len or cfg.max_position_embeddings
     if max_model_len > cfg.max_position_embeddings:
         raise ValueError(f"max_model_len {max_model_len} exceeds the model's context ({cfg.max_position_embeddings})")
     weight_bytes = sum(model.weights.info(n).nbytes for n in model.weights.names())
     num_blocks = kv_pool_blocks(args, cfg, max_model_len, weight_bytes)
+    # Offload hook (issue 6): plan and apply the RAM/GPU placement; it may shrink the KV pool to what fits.
+    from offload import apply_placement
+    num_blocks = apply_placement(args, model, max_model_len, num_blocks)
     if num_blocks < 2:
         per = ModelRunner.kv_bytes_per_block(cfg, args.block_size, args.kv_cache_dtype)
         raise ValueError(f"the KV cache budget holds {num_blocks} blocks of {per} bytes; give more kv_cache_memory")

@@ -1,0 +1,232 @@
+"""Offload sweep: prefill and decode speed, and memory per device, for placements of one model.
+
+    python -m bench.offload MODEL [--device cuda:0|cpu] [--layers 0,8,16,24,all] [--kv gpu,ram]
+        [--batch 1,4] [--prompt-tokens 128] [--gen-tokens 16] [--weight-dtype auto] [--budget GiB]
+        [--time-limit S] [--no-json] [--no-chart]
+
+Loads the model once, then for each placement (GPU layers 0..all, KV on the GPU or in RAM) plans it,
+applies it, times a prefill of B prompts and G decode steps of B sequences through the runner, and undoes
+it. Prints a table, writes JSON (bench/results/offload-*.json) and a PNG chart when matplotlib is there.
+With --budget GiB it recommends the fastest placement whose GPU memory fits. `--device cpu` runs the GPU
+path on torch's CPU device (a machine without a GPU; the numbers then say nothing about GPUs).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import time
+
+import numpy as np
+
+from bench.common import RESULTS, write_result
+
+GIB = 1 << 30
+
+
+def layer_settings(spec: str | None, L: int) -> list[str]:
+    if spec:
+        return [s.strip() for s in spec.split(",") if s.strip()]
+    steps = sorted({0, L // 4, L // 2, 3 * L // 4, L})
+    return [str(n) for n in steps] + ["all"]
+
+
+def configs(layers: list[str], kv: list[str]) -> list[tuple[str, bool]]:
+    out = []
+    for n in layers:
+        if n == "0":
+            out.append(("0", False))
+            continue
+        out += [(n, False)] * ("gpu" in kv) + [(n, True)] * ("ram" in kv)
+    return out
+
+
+def _peak_reset(dev: str) -> None:
+    if dev.startswith("cuda"):
+        import torch
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak(dev: str) -> int:
+    if dev.startswith("cuda"):
+        import torch
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated())
+    return 0
+
+
+def measure(model, p, args, batches, vocab: int) -> list[dict]:
+    """Applies plan p, times each batch size, undoes the placement."""
+    from engine.runner import ModelRunner, SeqChunk
+    from offload.apply import apply_plan
+    P, G, bs = args.prompt_tokens, args.gen_tokens, 16
+    per_seq = math.ceil((P + G) / bs)
+    nb = p.kv.num_blocks
+    runner = ModelRunner(model, nb, bs, "auto")
+    t0 = time.perf_counter()
+    placement = apply_plan(model, p, num_blocks=nb, block_size=bs, runner=runner, keep_originals=True)
+    apply_s = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    rows = []
+    try:
+        runner.execute([SeqChunk(tuple(range(3, 19)), 0, tuple(range(1, 3)), "last")])  # warm-up
+        runner.execute([SeqChunk((5,), 16, tuple(range(1, 3)), "last")])
+        for B in batches:
+            ids = rng.integers(3, vocab, size=(B, P))
+            blocks = [tuple(range(1 + s * per_seq, 1 + (s + 1) * per_seq)) for s in range(B)]
+            _peak_reset(p.gpu_device or "")
+            t0 = time.perf_counter()
+            logits = runner.execute([SeqChunk(tuple(int(t) for t in ids[s]), 0, blocks[s], "last") for s in range(B)])
+            prefill = time.perf_counter() - t0
+            toks = [int(np.argmax(x[-1])) for x in logits]
+            t0 = time.perf_counter()
+            for g in range(G):
+                logits = runner.execute([SeqChunk((toks[s],), P + g, blocks[s], "last") for s in range(B)])
+                toks = [int(np.argmax(x[-1])) for x in logits]
+            decode = time.perf_counter() - t0
+            gpu = p.usage_of(p.gpu_device) if p.gpu_device else None
+            rows.append({"n_gpu_layers": p.options["n_gpu_layers"], "gpu_layers": len(p.gpu_layers()),
+                         "output_on_gpu": p.output_device != "cpu", "kv": "ram" if p.options["kv_offload"] else "gpu",
+                         "batch": B, "prefill_tok_s": B * P / prefill, "decode_tok_s": B * G / decode,
+                         "gpu_peak_bytes": _peak(p.gpu_device or ""), "gpu_planned_bytes": gpu.total if gpu else 0,
+                         "ram_planned_bytes": p.usage_of("cpu").total, "apply_s": apply_s,
+                         "formats": sorted({lp.weight_format for lp in p.layers})})
+    finally:
+        placement.undo()
+        del runner
+        gc.collect()
+    return rows
+
+
+def recommend(rows: list[dict], budget_gib: float | None) -> dict | None:
+    if budget_gib is None or not rows:
+        return None
+    b = min(r["batch"] for r in rows)
+    fit = [r for r in rows if r["batch"] == b and max(r["gpu_peak_bytes"], r["gpu_planned_bytes"]) <= budget_gib * GIB]
+    if not fit:
+        return None
+    best = max(fit, key=lambda r: (r["decode_tok_s"], r["prefill_tok_s"]))
+    return {"n_gpu_layers": best["n_gpu_layers"], "kv_offload": best["kv"] == "ram",
+            "decode_tok_s": best["decode_tok_s"], "prefill_tok_s": best["prefill_tok_s"],
+            "gpu_bytes": max(best["gpu_peak_bytes"], best["gpu_planned_bytes"]), "budget_gib": budget_gib}
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'ngl':>5} {'gpu':>4} {'out':>4} {'kv':>4} {'batch':>5} {'prefill/s':>10} {'decode/s':>9} "
+          f"{'gpu peak':>9} {'gpu plan':>9} {'ram plan':>9}  formats")
+    for r in rows:
+        print(f"{r['n_gpu_layers']:>5} {r['gpu_layers']:>4} {'y' if r['output_on_gpu'] else 'n':>4} {r['kv']:>4} "
+              f"{r['batch']:>5} {r['prefill_tok_s']:>10.1f} {r['decode_tok_s']:>9.2f} "
+              f"{r['gpu_peak_bytes'] / GIB:>8.2f}G {r['gpu_planned_bytes'] / GIB:>8.2f}G "
+              f"{r['ram_planned_bytes'] / GIB:>8.2f}G  {','.join(r['formats'])}")
+
+
+def chart(rows: list[dict], path: str) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no chart (pip install matplotlib)")
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    panels = (("decode_tok_s", axes[0], "decode tokens/s"), ("prefill_tok_s", axes[1], "prefill tokens/s"))
+    for key, ax, label in panels:
+        for kv in ("gpu", "ram"):
+            for b in sorted({r["batch"] for r in rows}):
+                pts = sorted((r["gpu_layers"] + r["output_on_gpu"] * 0.5, r[key]) for r in rows
+                             if r["batch"] == b and (r["kv"] == kv or r["gpu_layers"] == 0))
+                if len(pts) > 1:
+                    ax.plot(*zip(*pts), marker="o", label=f"KV {kv}, batch {b}")
+        ax.set_xlabel("layers on the GPU (+0.5: output matrix too)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--device", default=None, help="cuda:0, ..., or cpu (torch's CPU device); default: first GPU")
+    ap.add_argument("--devices", default=None, help="JSON device description instead of probing")
+    ap.add_argument("--layers", default=None,
+                    help="comma list of n_gpu_layers values (default 0, L/4, L/2, 3L/4, L, all)")
+    ap.add_argument("--kv", default="gpu,ram", help="KV placements to try for GPU layers: gpu, ram or both")
+    ap.add_argument("--batch", default="1,4", help="comma list of batch sizes")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--gen-tokens", type=int, default=16)
+    ap.add_argument("--weight-dtype", default="auto", help="--gpu-weight-dtype for the GPU layers")
+    ap.add_argument("--budget", type=float, default=None, help="GiB of GPU memory: recommend the fastest fit")
+    ap.add_argument("--time-limit", type=float, default=None, help="seconds: skip the configs left after this")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--no-json", action="store_true")
+    ap.add_argument("--no-chart", action="store_true")
+    args = ap.parse_args(argv)
+
+    from engine.loading import configure_threads
+    from engine.model.loader import load_model
+    from offload import load_devices, model_meta, plan, probe_devices
+    configure_threads(args.threads)
+    t_start = time.perf_counter()
+    model, cfg = load_model(args.model)
+    meta = model_meta(model.weights)
+    print(f"loaded {meta.name} ({meta.arch}, {meta.num_layers} layers, {meta.total_bytes / GIB:.2f} GiB) "
+          f"in {time.perf_counter() - t_start:.1f} s")
+    cpu_dev = args.device in ("cpu", "torch-cpu")
+    devices = load_devices(args.devices) if args.devices else probe_devices(gpus=not cpu_dev)
+    if not cpu_dev and not devices.gpus:
+        print("no GPU found: sweeping on torch's CPU device (--device cpu)")
+        cpu_dev = True
+    batches = [int(b) for b in args.batch.split(",")]
+    kv = [k.strip() for k in args.kv.split(",")]
+    rows, skipped = [], []
+    for ngl, kv_off in configs(layer_settings(args.layers, meta.num_layers), kv):
+        label = f"n_gpu_layers={ngl}{' kv_offload' if kv_off else ''}"
+        if args.time_limit and time.perf_counter() - t_start > args.time_limit:
+            skipped.append(label)
+            continue
+        try:
+            p = plan(meta, devices, n_gpu_layers=ngl, gpu_device="cpu" if cpu_dev else args.device,
+                     kv_offload=kv_off, gpu_weight_dtype=args.weight_dtype, block_size=16,
+                     max_model_len=args.prompt_tokens + args.gen_tokens + 16, max_num_seqs=max(batches),
+                     max_num_batched_tokens=max(batches) * args.prompt_tokens,
+                     num_gpu_blocks_override=max(batches) * math.ceil((args.prompt_tokens + args.gen_tokens) / 16) + 1)
+        except ValueError as e:
+            print(f"{label}: does not fit ({e})")
+            skipped.append(label)
+            continue
+        new = measure(model, p, args, batches, cfg.vocab_size)
+        for r in new:
+            print(f"{label} batch {r['batch']}: prefill {r['prefill_tok_s']:.1f} tok/s, decode "
+                  f"{r['decode_tok_s']:.2f} tok/s, GPU peak {r['gpu_peak_bytes'] / GIB:.2f} GiB", flush=True)
+        rows += new
+    print()
+    print_table(rows)
+    rec = recommend(rows, args.budget)
+    if args.budget is not None:
+        if rec:
+            print(f"recommended for {args.budget:g} GiB: --n-gpu-layers {rec['n_gpu_layers']}"
+                  f"{' --kv-offload' if rec['kv_offload'] else ''} (decode {rec['decode_tok_s']:.2f} tok/s, prefill "
+                  f"{rec['prefill_tok_s']:.1f} tok/s, GPU {rec['gpu_bytes'] / GIB:.2f} GiB)")
+        else:
+            print(f"nothing measured fits in {args.budget:g} GiB")
+    if skipped:
+        print("skipped: " + "; ".join(skipped))
+    extra = {"model": args.model, "device": "torch-cpu" if cpu_dev else (args.device or devices.gpus[0].name),
+             "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens, "skipped": skipped}
+    if not args.no_json:
+        path = write_result("offload", {"rows": rows, "recommendation": rec}, extra)
+        print(f"wrote {path}")
+        if not args.no_chart:
+            png = chart(rows, os.path.join(RESULTS, os.path.basename(path)[:-5] + ".png"))
+            if png:
+                print(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    main()

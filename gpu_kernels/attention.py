@@ -1,0 +1,137 @@
+"""Paged attention in torch over the block-table contract of cpu_kernels/attention.py.
+
+Cache layout (num_blocks, block_size, Hkv, D), float16 or float32, on any torch device. Token i of
+sequence s sits at position p = seq_lens[s] - q_len_s + i and attends to positions
+max(0, p - sliding_window + 1) .. p; query head h reads kv head h // (Hq // Hkv).
+
+How: the query rows are cut into work items (a run of one sequence's rows) and items are grouped so
+that each group's padded scores fit a scratch budget; a group gathers its sequences' blocks, runs one
+batched matmul per kv head group (GQA without repeating K/V), masks (causal + window) and softmaxes in
+float32. Sequence metadata stays on the host (numpy) so grouping costs no device sync.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+SCRATCH_BYTES = 256 << 20  # scores + gathered K/V per group, float32
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slots: torch.Tensor) -> None:
+    """k, v f32 (T, Hkv, D) -> cache rows `slots` (T,) int64 (flat block_id * block_size + offset).
+    Rows with a negative slot (padding) must be filtered out by the caller."""
+    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, Hkv, D).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(-1, Hkv, D).index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def _items(qsl: np.ndarray, lens: np.ndarray, Hq: int, scratch: int) -> list[tuple[int, int, int, int]]:
+    """(seq, first row, end row, context length) runs small enough for the scratch budget."""
+    out = []
+    for s in range(lens.shape[0]):
+        q0, q1, L = int(qsl[s]), int(qsl[s + 1]), int(lens[s])
+        if q1 <= q0:
+            continue
+        rows = max(1, scratch // max(1, Hq * L * 4))
+        for a in range(q0, q1, rows):
+            out.append((s, a, min(q1, a + rows), L))
+    return out
+
+
+def _groups(items, Hq: int, Hkv: int, D: int, bs: int, scratch: int):
+    group, qmax, lmax = [], 0, 0
+    for it in items:
+        q, L = it[2] - it[1], -(-it[3] // bs) * bs
+        nq, nl = max(qmax, q), max(lmax, L)
+        cost = (len(group) + 1) * (nq * Hq * nl + 2 * nl * Hkv * D) * 4
+        if group and cost > scratch:
+            yield group
+            group, nq, nl = [], q, L
+        group.append(it)
+        qmax, lmax = nq, nl
+    if group:
+        yield group
+
+
+class Group:
+    """Sequences attended together: their rows padded to Q, their blocks to nb, as device index tensors.
+    Built once per step and shared by every layer with the same head layout (DeviceBatch caches them)."""
+
+    def __init__(self, items, qsl: np.ndarray, bs: int, device):
+        B = len(items)
+        self.B = B
+        self.Q = max(b - a for _, a, b, _ in items)
+        self.nb = max(-(-n // bs) for *_, n in items)
+        self.L = self.nb * bs
+        rows = np.zeros((B, self.Q), np.int64)
+        pos = np.zeros((B, self.Q), np.int64)  # padding rows see key 0 only (no NaN); their output is dropped
+        valid = np.zeros((B, self.Q), bool)
+        for i, (s, a, b, n) in enumerate(items):
+            rows[i, : b - a] = np.arange(a, b)
+            pos[i, : b - a] = n - (qsl[s + 1] - qsl[s]) + (np.arange(a, b) - qsl[s])
+            valid[i, : b - a] = True
+        keep = np.flatnonzero(valid.reshape(-1))
+        self.seqs = torch.as_tensor([it[0] for it in items], device=device)
+        self.rows = torch.as_tensor(rows.reshape(-1), device=device)
+        self.pos = torch.as_tensor(pos, device=device)[:, :, None]
+        self.keep = torch.as_tensor(keep, device=device)
+        self.out_rows = torch.as_tensor(rows.reshape(-1)[keep], device=device)
+        self._masks: dict[int, torch.Tensor] = {}
+
+    def visible(self, window: int) -> torch.Tensor:
+        """(B, 1, 1, Q, L) bool: key j is visible to the row at position p (causal, sliding window)."""
+        if window not in self._masks:
+            j = torch.arange(self.L, device=self.pos.device)[None, None, :]
+            vis = j <= self.pos
+            if window > 0:
+                vis &= j > self.pos - window
+            self._masks[window] = vis[:, None, None]
+        return self._masks[window]
+
+
+def plan_groups(query_start_loc, seq_lens, Hq: int, Hkv: int, D: int, block_size: int, device,
+                scratch_bytes: int = SCRATCH_BYTES) -> list[Group]:
+    """The work of one batch, cut into groups whose padded scores and K/V fit `scratch_bytes`."""
+    qsl = np.asarray(query_start_loc, dtype=np.int64)
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    return [Group(g, qsl, block_size, device)
+            for g in _groups(_items(qsl, lens, Hq, scratch_bytes), Hq, Hkv, D, block_size, scratch_bytes)]
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc, seq_lens,
+                    block_tables: torch.Tensor, scale: float, sliding_window: int = 0, softcap: float = 0.0,
+                    scratch_bytes: int = SCRATCH_BYTES, groups: list[Group] | None = None) -> torch.Tensor:
+    """q f32 (T, Hq, D) -> f32 (T, Hq, D).
+
+    Args:
+        k_cache, v_cache: (num_blocks, block_size, Hkv, D) on q's device.
+        query_start_loc: int (S+1,) and seq_lens: int (S,), host arrays (numpy or lists).
+        block_tables: int (S, max_blocks) on q's device (int32 or int64).
+        scale, sliding_window (0 = full), softcap (0 = none): as cpu_kernels.paged_attention.
+        groups: plan_groups(...) for this batch, when the caller reuses them across layers.
+    """
+    T, Hq, D = q.shape
+    BS, Hkv = k_cache.shape[1], k_cache.shape[2]
+    if Hq % Hkv or k_cache.shape[3] != D or v_cache.shape != k_cache.shape:
+        raise ValueError("paged_attention: q heads / head_dim do not match the KV cache")
+    G = Hq // Hkv
+    if groups is None:
+        groups = plan_groups(query_start_loc, seq_lens, Hq, Hkv, D, BS, q.device, scratch_bytes)
+    out = torch.zeros_like(q)
+    tables = block_tables.to(torch.int64)
+    sc = float(np.float32(scale))
+    for g in groups:
+        B, Q, L = g.B, g.Q, g.L
+        blk = tables.index_select(0, g.seqs)[:, : g.nb]                               # (B, nb)
+        k = k_cache[blk].reshape(B, L, Hkv, D).permute(0, 2, 3, 1).to(torch.float32)  # (B, Hkv, D, L)
+        v = v_cache[blk].reshape(B, L, Hkv, D).permute(0, 2, 1, 3).to(torch.float32)  # (B, Hkv, L, D)
+        qg = q.index_select(0, g.rows).reshape(B, Q, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * Q, D)
+        s_ = torch.matmul(qg, k) * sc                                                 # (B, Hkv, G*Q, L)
+        if softcap > 0:
+            s_ = softcap * torch.tanh(s_ / softcap)
+        s_ = s_.view(B, Hkv, G, Q, L).masked_fill(~g.visible(sliding_window), float("-inf"))
+        probs = torch.softmax(s_, dim=-1).view(B, Hkv, G * Q, L)
+        o = torch.matmul(probs, v).view(B, Hkv, G, Q, D).permute(0, 3, 1, 2, 4).reshape(B * Q, Hq, D)
+        out.index_copy_(0, g.out_rows, o.index_select(0, g.keep))
+    return out

@@ -1,0 +1,250 @@
+"""Layer modules on a torch device, with the call signatures of engine/model's numpy ones.
+
+A block takes (x, meta, kv) like the CPU blocks: x is a numpy (T, H) float32 array or, between two
+blocks on the same device, the previous block's tensor (hidden states cross devices only at the
+boundaries: the last block of a run on the device returns numpy). Sub-modules take and return float32
+tensors on the device; HostModule runs a numpy module (weights kept in RAM by an override) inside a
+device block, OnDevice runs a device module inside a CPU block.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gpu_kernels import attention as dattn
+from gpu_kernels import ops
+
+
+def vector(a, device) -> torch.Tensor:
+    """A small float32 weight (norm, bias, inv_freq) copied onto the device."""
+    return torch.from_numpy(np.array(a, dtype=np.float32)).to(device)
+
+
+class DeviceContext:
+    """One torch device: its compute dtype, host<->device transfers, and the current step's metadata
+    uploaded once for all the layers on it."""
+
+    def __init__(self, device: torch.device | str, compute_dtype: torch.dtype = torch.float32):
+        self.device = torch.device(device)
+        self.compute_dtype = compute_dtype
+        self._meta = None
+        self._batch = None
+        self._staging: torch.Tensor | None = None  # pinned host buffer for uploads (CUDA)
+        self._staged = None                        # event of the last upload from it
+
+    # ---- transfers
+    def to_device(self, x) -> torch.Tensor:
+        if isinstance(x, torch.Tensor):
+            return x if x.device == self.device else x.to(self.device, torch.float32)
+        t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        if self.device.type == "cpu":
+            return t
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        # CUDA: through a reused pinned buffer, so the copy is a DMA that does not page-lock per call.
+        n = t.numel()
+        if self._staging is None or self._staging.numel() < n:
+            self._staging = torch.empty(max(n, 1 << 16), dtype=torch.float32, pin_memory=True)
+        elif self._staged is not None:
+            self._staged.synchronize()  # the previous upload from the buffer has finished
+        buf = self._staging[:n]
+        buf.copy_(t.reshape(-1))
+        out = buf.to(self.device, non_blocking=True).view(t.shape)
+        self._staged = torch.cuda.Event()
+        self._staged.record()
+        return out
+
+    @staticmethod
+    def to_host(t) -> np.ndarray:
+        if isinstance(t, np.ndarray):
+            return t
+        return np.ascontiguousarray(t.detach().to(torch.float32).cpu().numpy())
+
+    def batch(self, meta) -> "DeviceBatch":
+        if meta is not self._meta:
+            self._meta, self._batch = meta, DeviceBatch(meta, self.device)
+        return self._batch
+
+
+class DeviceBatch:
+    """BatchMetadata on a device: positions, KV slots and block tables as tensors (uploaded once per
+    step), the sequence layout kept on the host, and RoPE tables computed once per (inv_freq, mscale)."""
+
+    def __init__(self, meta, device: torch.device):
+        self.meta = meta
+        self.device = device
+        self.positions = torch.as_tensor(np.asarray(meta.positions, np.int64), device=device)
+        slots = np.asarray(meta.slot_mapping, np.int64)
+        keep = slots >= 0
+        self.rows = None if keep.all() else torch.as_tensor(np.flatnonzero(keep), device=device)
+        self.slots = torch.as_tensor(slots[keep], device=device)
+        self.block_tables = torch.as_tensor(np.asarray(meta.block_tables, np.int64), device=device)
+        self.query_start_loc = np.asarray(meta.query_start_loc)
+        self.seq_lens = np.asarray(meta.seq_lens)
+        self._rope: dict = {}  # per-step caches: RoPE tables, attention groups
+
+    def attention_groups(self, Hq: int, Hkv: int, D: int, block_size: int) -> list:
+        key = ("attn", Hq, Hkv, D, block_size)
+        if key not in self._rope:
+            self._rope[key] = dattn.plan_groups(self.query_start_loc, self.seq_lens, Hq, Hkv, D, block_size,
+                                                self.device)
+        return self._rope[key]
+
+    def rope(self, key, inv_freq: torch.Tensor, mscale: float):
+        if key not in self._rope:
+            self._rope[key] = ops.rope_cos_sin(self.positions, inv_freq, mscale)
+        return self._rope[key]
+
+
+class DeviceRMSNorm:
+    def __init__(self, weight: np.ndarray, eps: float, device: torch.device):
+        self.weight = vector(weight, device)
+        self.eps = float(eps)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+class DeviceGatedMLP:
+    def __init__(self, gate, up, down, act: str):
+        self.gate, self.up, self.down = gate, up, down
+        self.act = ops.ACTIVATIONS[act]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.gate(x), self.up(x)))
+
+
+class DeviceMoE:
+    """softmax router -> top-k experts per token (ties to the lower id, as the CPU MoE) -> weighted sum."""
+
+    def __init__(self, router, experts: list, top_k: int, norm_topk_prob: bool):
+        self.router, self.experts, self.top_k, self.norm_topk_prob = router, experts, top_k, norm_topk_prob
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.router(x), dim=1)
+        top = torch.sort(probs, dim=1, descending=True, stable=True).indices[:, : self.top_k]
+        weights = probs.gather(1, top)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=1, keepdim=True)
+        out = torch.zeros_like(x)
+        top_np = top.cpu().numpy()  # one sync: which experts run is decided on the host
+        for e in np.unique(top_np):
+            rows, slot = np.nonzero(top_np == e)
+            rows_t = torch.as_tensor(rows, device=x.device)
+            gate, up, down = self.experts[e]
+            xe = x.index_select(0, rows_t)
+            y = down(ops.silu_mul(gate(xe), up(xe)))
+            out.index_add_(0, rows_t, weights[rows_t, torch.as_tensor(slot, device=x.device)][:, None] * y)
+        return out
+
+
+class DeviceAttention:
+    """Attention of one layer on the device. KV: the runner's pair when it holds tensors, else this
+    layer's own device cache, else (kv_on_host: --kv-offload) the runner's numpy cache, with write_kv and
+    paged attention run by cpu_kernels in RAM, as llama.cpp does for its -nkvo."""
+
+    def __init__(self, src, q, k, v, o, q_norm, k_norm, ctx: DeviceContext, kv_cache=None, kv_on_host=False):
+        self.q, self.k, self.v, self.o, self.q_norm, self.k_norm = q, k, v, o, q_norm, k_norm
+        self.ctx = ctx
+        self.num_heads, self.num_kv_heads, self.head_dim = src.num_heads, src.num_kv_heads, src.head_dim
+        self.scale, self.sliding_window, self.softcap = src.scale, src.sliding_window, src.softcap
+        self.neox, self.mscale = src.neox, src.mscale
+        self.inv_freq = vector(src.inv_freq, ctx.device)
+        self.rope_key = (np.asarray(src.inv_freq, np.float32).tobytes(), float(src.mscale))
+        self.kv_cache = kv_cache
+        self.kv_on_host = kv_on_host
+
+    def __call__(self, x: torch.Tensor, batch: DeviceBatch, kv) -> torch.Tensor:
+        t, hq, hkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.q(x).view(t, hq, d)
+        k = self.k(x).view(t, hkv, d)
+        v = self.v(x).view(t, hkv, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = batch.rope(self.rope_key, self.inv_freq, self.mscale)
+        q = ops.apply_rope(q, cos, sin, self.neox)
+        k = ops.apply_rope(k, cos, sin, self.neox)
+        if kv is not None and isinstance(kv[0], torch.Tensor):
+            k_cache, v_cache = kv
+        elif self.kv_cache is not None:
+            k_cache, v_cache = self.kv_cache
+        elif self.kv_on_host:
+            return self.o(self.ctx.to_device(self._host_attention(q, k, v, batch.meta, kv)))
+        else:
+            raise RuntimeError("DeviceAttention: no KV cache on the device and the layer is not --kv-offload")
+        if batch.rows is not None:
+            k, v = k.index_select(0, batch.rows), v.index_select(0, batch.rows)
+        dattn.write_kv(k, v, k_cache, v_cache, batch.slots)
+        groups = batch.attention_groups(hq, hkv, d, k_cache.shape[1])
+        out = dattn.paged_attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
+                                    self.scale, self.sliding_window, self.softcap, groups=groups)
+        return self.o(out.reshape(t, hq * d))
+
+    def _host_attention(self, q, k, v, meta, kv) -> np.ndarray:
+        from cpu_kernels import attention as cattn
+        to_host = self.ctx.to_host
+        qn, kn, vn = to_host(q), to_host(k), to_host(v)
+        k_cache, v_cache = kv
+        cattn.write_kv(kn, vn, k_cache, v_cache, meta.slot_mapping)
+        out = cattn.paged_attention(qn, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
+                                    self.scale, self.sliding_window, self.softcap)
+        return out.reshape(q.shape[0], -1)
+
+
+class _DeviceBlock:
+    output_to_host = True  # the apply step clears it when the next block runs on the same device
+
+    def __init__(self, ctx: DeviceContext, layer: int):
+        self.ctx, self.layer = ctx, layer
+
+    def __call__(self, x, meta, kv):
+        with torch.no_grad():
+            h = self.forward(self.ctx.to_device(x), self.ctx.batch(meta), kv)
+        return self.ctx.to_host(h) if self.output_to_host else h
+
+
+class DevicePreNormBlock(_DeviceBlock):
+    """x + attn(norm(x)), then x + mlp(norm(x)) (llama, qwen2, qwen3, qwen3moe)."""
+
+    def __init__(self, ctx, layer, attn, mlp, attn_norm, ffn_norm):
+        super().__init__(ctx, layer)
+        self.attn, self.mlp, self.attn_norm, self.ffn_norm = attn, mlp, attn_norm, ffn_norm
+
+    def forward(self, h, batch, kv):
+        h = h + self.attn(self.attn_norm(h), batch, kv)
+        return h + self.mlp(self.ffn_norm(h))
+
+
+class DeviceSandwichBlock(_DeviceBlock):
+    """Norms before and after attention and MLP (gemma3)."""
+
+    def __init__(self, ctx, layer, attn, mlp, norms):
+        super().__init__(ctx, layer)
+        self.attn, self.mlp = attn, mlp
+        self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffn_norm = norms
+
+    def forward(self, h, batch, kv):
+        h = h + self.post_attn_norm(self.attn(self.attn_norm(h), batch, kv))
+        return h + self.post_ffn_norm(self.mlp(self.ffn_norm(h)))
+
+
+class HostModule:
+    """A numpy module (x -> y) run from a device block: its weights stay in RAM (--override-tensor)."""
+
+    def __init__(self, module, ctx: DeviceContext):
+        self.module, self.ctx = module, ctx
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ctx.to_device(self.module(self.ctx.to_host(x)))
+
+
+class OnDevice:
+    """A device module (x -> y) run from a CPU block: numpy in, numpy out. Also takes `per_row` for the
+    output head (every row is computed the same way on the device anyway)."""
+
+    def __init__(self, module, ctx: DeviceContext):
+        self.module, self.ctx = module, ctx
+
+    def __call__(self, x, per_row: bool = False):
+        with torch.no_grad():
+            return self.ctx.to_host(self.module(self.ctx.to_device(x)))

@@ -1,0 +1,183 @@
+"""Applying a PlacementPlan to a loaded model: a transform after loading (gpt-fast style).
+
+model.blocks[i] of a GPU layer is replaced by a gpu_kernels block with the same call signature
+(x, meta, kv) -> x, its weights dequantized once or kept packed on the device, and its KV blocks on the
+device (or, with --kv-offload, left in the runner's numpy cache). The model code never branches on a
+device: DecoderModel.forward calls whatever block sits at position i.
+
+Memory: the replaced CPU block is dropped, so its repacked weights are freed (unless keep_originals,
+for benchmarks that undo). On torch's CPU device, packed weights are torch.from_numpy views of the GGUF
+memory map: mapped, not copied. torch has no public way to wrap host pages as a CUDA/ROCm tensor, so on
+integrated GPUs (shared memory) weights are copied once into device allocations of the same physical
+RAM and the host copy is dropped; the planner counts RAM and such a GPU as one pool. On GH200/GB200 the
+GPU could read host RAM coherently; that is what --cpu-offload-gb's streamed layers approximate.
+"""
+from __future__ import annotations
+
+import logging
+
+from offload.plan_types import PlacementPlan, PlanOptions
+
+logger = logging.getLogger("ramlm.offload")
+KV_TORCH_DTYPES = {"auto": "float16", "fp16": "float16", "float16": "float16", "fp32": "float32", "float32": "float32"}
+
+
+def torch_device(name: str):
+    import torch
+    return torch.device("cpu") if name == "torch-cpu" else torch.device(name)
+
+
+class Placement:
+    """A plan applied to a model: undo() restores the CPU model when keep_originals was set."""
+
+    def __init__(self, model, plan: PlacementPlan, ctx=None, originals=None, patches=(), runner=None,
+                 runner_kv=None, kv_tier=None):
+        self.model, self.plan, self.ctx = model, plan, ctx
+        self._originals, self._patches, self._runner, self._runner_kv = originals, list(patches), runner, runner_kv
+        self.kv_tier = kv_tier  # offload.kv_tiers.HostKVTier when the plan has num_cpu_blocks
+
+    def undo(self) -> None:
+        if self.ctx is None:
+            return
+        if self._originals is None:
+            raise RuntimeError("this placement dropped the CPU weights "
+                               "(apply_plan(..., keep_originals=True) keeps them)")
+        blocks, lm_head = self._originals
+        self.model.blocks[:] = blocks
+        self.model.lm_head = lm_head
+        for obj, attr, old in reversed(self._patches):
+            setattr(obj, attr, old)
+        if self._runner is not None:
+            for i, kv in self._runner_kv.items():
+                self._runner.kv_caches[i] = kv
+        self.model.placement = None
+        self.model.kv_tier = self.kv_tier = None
+        dev, self.ctx = self.ctx.device, None
+        import gc
+        gc.collect()
+        if dev.type == "cuda":
+            import torch
+            torch.cuda.empty_cache()
+
+    def device_memory(self) -> int:
+        """Bytes torch has allocated on the plan's device (0 on torch's CPU device)."""
+        if self.ctx is None or self.ctx.device.type != "cuda":
+            return 0
+        import torch
+        return int(torch.cuda.memory_allocated(self.ctx.device))
+
+
+def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto",
+               runner=None, keep_originals: bool = False) -> Placement:
+    """Moves the plan's GPU layers (and output matrix) onto its device.
+
+    Args:
+        model: a DecoderModel from engine.model.loader.load_model (model.weights is its WeightSource).
+        plan: from offload.plan for this model's weights.
+        num_blocks, block_size, kv_cache_dtype: the KV pool (the same block ids as the runner's).
+        runner: a ModelRunner over this model: its kv_caches[i] of device-KV layers are swapped for the
+            device tensors (without a runner, each device block owns its KV and ignores the numpy pair).
+        keep_originals: keep the CPU blocks so Placement.undo() can restore them (benchmarks).
+    """
+    model.placement = plan
+    if not plan.uses_gpu():
+        return Placement(model, plan)
+    if plan.num_layers != len(model.blocks):
+        raise ValueError(f"the plan is for {plan.num_layers} layers, the model has {len(model.blocks)}")
+    import torch
+    from gpu_kernels.linear import DTYPES
+    from gpu_kernels.modules import DeviceContext, OnDevice, _DeviceBlock
+    from offload.convert import Converter
+
+    ctx = DeviceContext(torch_device(plan.gpu_device), DTYPES[plan.compute_dtype])
+    wd = plan.options.get("gpu_weight_dtype", "auto")
+    conv = Converter(model, ctx, default_fmt=wd if wd in DTYPES else "packed")
+    originals = (list(model.blocks), model.lm_head) if keep_originals else None
+    cfg = model.config
+    kv_dtype = getattr(torch, KV_TORCH_DTYPES[kv_cache_dtype])
+    kv_shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    patches, runner_kv, device_kv = [], {}, {}
+    with torch.no_grad():
+        for lp in plan.layers:
+            i = lp.index
+            if lp.device == "cpu":
+                if any(d != "cpu" for d in lp.tensors_elsewhere.values()):
+                    patches += conv.patch_cpu_block(model.blocks[i], i, lp)
+                continue
+            kv = None
+            if lp.kv_device != "cpu":
+                kv = (torch.zeros(kv_shape, dtype=kv_dtype, device=ctx.device),
+                      torch.zeros(kv_shape, dtype=kv_dtype, device=ctx.device))
+                device_kv[i] = kv
+                if runner is not None:
+                    runner_kv[i] = runner.kv_caches[i]
+                    runner.kv_caches[i] = kv
+            model.blocks[i] = conv.block(model.blocks[i], i, lp, kv)
+        # Hidden states stay on the device between consecutive device blocks.
+        for i, b in enumerate(model.blocks):
+            if isinstance(b, _DeviceBlock):
+                nxt = model.blocks[i + 1] if i + 1 < len(model.blocks) else None
+                b.output_to_host = not (isinstance(nxt, _DeviceBlock) and nxt.ctx is b.ctx)
+        if plan.output_device != "cpu":
+            name = "token_embd.weight" if model.lm_head is model.embed else "output.weight"
+            head = conv.linear(model.lm_head, name, _output_layer_plan(plan), fmt=plan.output_format, streamed=False)
+            model.lm_head = OnDevice(head, ctx)
+    tier = None
+    if plan.kv.num_cpu_blocks and device_kv:
+        from offload.kv_tiers import HostKVTier
+        tier = HostKVTier(plan.kv.num_cpu_blocks, device_kv)
+    model.kv_tier = tier
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    return Placement(model, plan, ctx, originals, patches, runner, runner_kv, tier)
+
+
+def bind_runner(runner, model) -> int:
+    """Points runner.kv_caches[i] at the device KV of each device block (the engine builds its runner after
+    the load hook has applied the plan; the blocks work either way, this makes runner.kv_caches tell the
+    truth and frees the untouched numpy pairs). Returns how many layers were rebound."""
+    n = 0
+    for i, b in enumerate(model.blocks):
+        kv = getattr(getattr(b, "attn", None), "kv_cache", None)
+        if kv is not None and i < len(runner.kv_caches):
+            runner.kv_caches[i] = kv
+            n += 1
+    return n
+
+
+def _output_layer_plan(plan: PlacementPlan):
+    from offload.plan_types import LayerPlan
+    return LayerPlan(-1, plan.output_device, "device", plan.output_format, "cpu")
+
+
+def placement_options(args, max_model_len: int, num_blocks: int) -> PlanOptions:
+    return PlanOptions.from_args(args, max_model_len=max_model_len, kv_pool_blocks=num_blocks)
+
+
+def apply_placement(args, model, max_model_len: int, num_blocks: int) -> int:
+    """The load hook: plan from EngineArgs and apply. Returns the KV pool size to allocate (the plan may
+    shrink it to what fits beside the weights on the GPU). No GPU asked for: returns at once, no torch."""
+    opts = placement_options(args, max_model_len, num_blocks)
+    if not opts.wants_gpu():
+        return num_blocks
+    from offload.devices import load_devices, normalize_device, probe_devices
+    from offload.meta import model_meta
+    from offload.planner import plan as make_plan
+    if getattr(args, "devices_file", None):
+        devices = load_devices(args.devices_file)
+    else:
+        only_cpu = opts.gpu_device is not None and normalize_device(opts.gpu_device) == "torch-cpu"
+        devices = probe_devices(gpus=not only_cpu)
+    p = make_plan(model_meta(model.weights), devices, opts)
+    for r in p.reasons:
+        logger.info("%s", r)
+    for w in p.warnings:
+        logger.warning("%s", w)
+    if getattr(args, "batch_invariant", False) and p.uses_gpu():
+        logger.warning("batch_invariant: layers on %s are not batch-invariant (torch picks kernels by shape)",
+                       p.gpu_device)
+    apply_plan(model, p, num_blocks=p.kv.num_blocks, block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype)
+    return p.kv.num_blocks
+
+
+__all__ = ["Placement", "apply_plan", "apply_placement", "bind_runner", "torch_device"]

@@ -1,0 +1,190 @@
+"""ModelMeta: what the planner needs to know about a model, read from its weights without building it
+(shapes, formats, bytes of every tensor, grouped by layer), or made up from a shape description so that
+plans for 8B or 30B models can be tested without multi-GB files.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+
+import gguf
+import numpy as np
+
+Q = gguf.GGMLQuantizationType
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str
+    ggml_type: str          # GGMLQuantizationType name: Q4_K, F32, ...
+    shape: tuple[int, ...]  # numpy order, as TensorInfo
+    nbytes: int             # bytes as stored (GGUF blocks)
+
+    @property
+    def layer(self) -> int | None:
+        m = _LAYER.match(self.name)
+        return int(m.group(1)) if m else None
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def is_expert(self) -> bool:
+        """Routed-expert weights (stacked per layer); shared experts (_shexp) count as dense."""
+        return "_exps." in self.name
+
+    @property
+    def is_matrix(self) -> bool:
+        return len(self.shape) >= 2
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    name: str
+    arch: str
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    tensors: tuple[TensorMeta, ...] = ()
+
+    def layer_tensors(self, layer: int) -> list[TensorMeta]:
+        return [t for t in self.tensors if t.layer == layer]
+
+    def tensor(self, name: str) -> TensorMeta | None:
+        return next((t for t in self.tensors if t.name == name), None)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def is_moe(self) -> bool:
+        return any(t.is_expert for t in self.tensors)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["tensors"] = len(self.tensors)
+        return d
+
+
+def model_meta(ws) -> ModelMeta:
+    """From an open WeightSource (engine.model.weights.open_weights): config and per-tensor bytes."""
+    cfg = ws.config
+    names = ws.names()
+    tensors = []
+    for n in names:
+        info = ws.info(n)
+        tensors.append(TensorMeta(n, Q(info.ggml_type).name, tuple(int(s) for s in info.shape), int(info.nbytes)))
+    tied = bool(cfg.tie_word_embeddings) or "output.weight" not in names
+    name = cfg.name or os.path.basename(os.fspath(ws.path).rstrip("/"))
+    return ModelMeta(name, cfg.arch, cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size,
+                     cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.max_position_embeddings, tied,
+                     cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, tuple(tensors))
+
+
+def model_meta_from_path(path: str) -> ModelMeta:
+    from engine.model.weights import open_weights
+    return model_meta(open_weights(path))
+
+
+# ---------------------------------------------------------------- synthetic models
+SHAPES: dict[str, dict] = {
+    "llama-8b": dict(arch="llama", num_layers=32, hidden_size=4096, intermediate_size=14336, num_heads=32,
+                     num_kv_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072),
+    "llama-70b": dict(arch="llama", num_layers=80, hidden_size=8192, intermediate_size=28672, num_heads=64,
+                      num_kv_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072),
+    "qwen3-8b": dict(arch="qwen3", num_layers=36, hidden_size=4096, intermediate_size=12288, num_heads=32,
+                     num_kv_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960),
+    "qwen3-moe-30b-a3b": dict(arch="qwen3moe", num_layers=48, hidden_size=2048, intermediate_size=6144,
+                              num_heads=32, num_kv_heads=4, head_dim=128, vocab_size=151936,
+                              max_position_embeddings=40960, num_experts=128, num_experts_per_tok=8,
+                              moe_intermediate_size=768),
+    "gemma-3-270m": dict(arch="gemma3", num_layers=18, hidden_size=640, intermediate_size=2048, num_heads=4,
+                         num_kv_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
+                         tie_word_embeddings=True),
+}
+QUANTS = ("q4_k_m", "q4_0", "q8_0", "q6_k", "f16", "bf16", "f32")
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    # llama.cpp's rule for the Q4_K_M / Q5_K_M tensors that get Q6_K
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _qtype(quant: str, name: str, layer: int | None, n_layers: int, tied: bool) -> Q:
+    if quant == "q4_k_m":
+        if name == "output.weight" or (name == "token_embd.weight" and tied):
+            return Q.Q6_K
+        if (".attn_v." in name or ".ffn_down" in name) and layer is not None and _use_more_bits(layer, n_layers):
+            return Q.Q6_K
+        return Q.Q4_K
+    return Q[quant.upper()]
+
+
+def layer_tensor_shapes(s: dict, layer: int) -> list[tuple[str, tuple[int, ...]]]:
+    """GGUF names and shapes of one layer's tensors for a shape description (see SHAPES)."""
+    arch, H, D = s["arch"], s["hidden_size"], s["head_dim"]
+    hq, hkv = s["num_heads"] * D, s["num_kv_heads"] * D
+    p = f"blk.{layer}."
+    out = [(p + "attn_norm.weight", (H,)), (p + "attn_q.weight", (hq, H)), (p + "attn_k.weight", (hkv, H)),
+           (p + "attn_v.weight", (hkv, H)), (p + "attn_output.weight", (H, hq)), (p + "ffn_norm.weight", (H,))]
+    if arch in ("qwen3", "qwen3moe", "gemma3"):
+        out += [(p + "attn_q_norm.weight", (D,)), (p + "attn_k_norm.weight", (D,))]
+    if arch == "qwen2":
+        out += [(p + "attn_q.bias", (hq,)), (p + "attn_k.bias", (hkv,)), (p + "attn_v.bias", (hkv,))]
+    if arch == "gemma3":
+        out += [(p + "post_attention_norm.weight", (H,)), (p + "post_ffw_norm.weight", (H,))]
+    E = s.get("num_experts", 0)
+    if E:
+        F = s["moe_intermediate_size"]
+        out += [(p + "ffn_gate_inp.weight", (E, H)), (p + "ffn_gate_exps.weight", (E, F, H)),
+                (p + "ffn_up_exps.weight", (E, F, H)), (p + "ffn_down_exps.weight", (E, H, F))]
+    else:
+        F = s["intermediate_size"]
+        out += [(p + "ffn_gate.weight", (F, H)), (p + "ffn_up.weight", (F, H)), (p + "ffn_down.weight", (H, F))]
+    return out
+
+
+def synthetic_meta(shape: str | dict, quant: str = "q4_k_m", name: str | None = None) -> ModelMeta:
+    """ModelMeta of a model of the given shape (a SHAPES key or a dict with the same keys) in a GGUF
+    quantization scheme (QUANTS; q4_k_m follows llama.cpp's choice of Q6_K tensors). No file is written."""
+    s = dict(SHAPES[shape]) if isinstance(shape, str) else dict(shape)
+    s.setdefault("tie_word_embeddings", False)
+    s.setdefault("max_position_embeddings", 4096)
+    quant = quant.lower()
+    if quant not in QUANTS:
+        raise ValueError(f"quant must be one of {', '.join(QUANTS)}, got {quant!r}")
+    L, H, V, tied = s["num_layers"], s["hidden_size"], s["vocab_size"], s["tie_word_embeddings"]
+    shapes = [("token_embd.weight", (V, H)), ("output_norm.weight", (H,))]
+    if not tied:
+        shapes.append(("output.weight", (V, H)))
+    for i in range(L):
+        shapes += layer_tensor_shapes(s, i)
+    tensors = []
+    for n, shp in shapes:
+        layer = int(_LAYER.match(n).group(1)) if _LAYER.match(n) else None
+        small = len(shp) == 1 or "ffn_gate_inp" in n
+        t = Q.F32 if small else _qtype(quant, n, layer, L, tied)
+        tensors.append(TensorMeta(n, t.name, shp, _nbytes(t, shp)))
+    label = name or (shape if isinstance(shape, str) else s.get("name", "synthetic")) + f"-{quant}"
+    return ModelMeta(label, s["arch"], L, H, s["intermediate_size"], V, s["num_heads"], s["num_kv_heads"],
+                     s["head_dim"], s["max_position_embeddings"], tied, s.get("num_experts", 0),
+                     s.get("num_experts_per_tok", 0), s.get("moe_intermediate_size", 0), tuple(tensors))
+
+
+def _nbytes(t: Q, shape: tuple[int, ...]) -> int:
+    block, size = gguf.GGML_QUANT_SIZES[t]
+    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+    return rows * (shape[-1] // block) * size

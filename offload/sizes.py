@@ -1,0 +1,168 @@
+"""The size model behind the planner: what each placement of each tensor costs on each device.
+
+Bytes on a GPU: packed GGUF blocks as stored, or numel x the dtype dequantized to; norms and biases in
+float32. KV: 2 (K and V) x block_size x kv heads x head_dim x the KV dtype per block per layer. Work:
+activations of max_num_batched_tokens rows, attention scratch, dequantization tiles, staging for
+streamed layers and the logits of the rows that sample. Margin: the runtime's own (CUDA context).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from offload.devices import Devices, DeviceInfo
+from offload.meta import ModelMeta, TensorMeta
+from offload.plan_types import DeviceUsage, PlanOptions
+
+MIB = 1 << 20
+# Types gpu_kernels/dequant.py can keep packed on a device (a test checks the two agree).
+DEVICE_PACKED_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
+                                 "Q4_K", "Q5_K", "Q6_K"})
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+KV_ITEM = {"auto": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4}
+ATTN_SCRATCH = 256 * MIB   # gpu_kernels.attention.SCRATCH_BYTES
+PACKED_TILE_WORK = 128 * MIB  # dequantization temporaries of one tile on the packed path
+KV_RAM_FRACTION = 0.4      # engine.loading's, for plans made outside the engine
+
+
+@dataclass
+class _Choice:
+    device: str           # "cpu" | "gpu"
+    fmt: str              # "packed" | float32 | float16 | bfloat16 (for what runs on the GPU)
+    streamed: bool = False
+    exps_cpu: bool = False  # routed experts kept in RAM by `auto`
+
+
+def ranges(ix: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    out, ix = [], sorted(ix)
+    i = 0
+    while i < len(ix):
+        j = i
+        while j + 1 < len(ix) and ix[j + 1] == ix[j] + 1:
+            j += 1
+        out.append(str(ix[i]) if i == j else f"{ix[i]}-{ix[j]}")
+        i = j + 1
+    return ", ".join(out) or "none"
+
+
+def layers_text(ix: list[int]) -> str:
+    """[3] -> "layer 3"; [0, 1, 2, 5] -> "layers 0-2, 5"."""
+    return f"layer {ix[0]}" if len(ix) == 1 else f"layers {ranges(ix)}"
+
+
+def _unit(t: TensorMeta) -> str:
+    """Tensors that move together: one matrix (+ its bias), a layer's MoE (router + experts), its norms."""
+    leaf = t.name.split(".")[2] if t.layer is not None else t.name.rsplit(".", 1)[0]
+    if t.is_expert or leaf == "ffn_gate_inp":
+        return "moe"
+    if not t.is_matrix and not t.name.endswith(".bias"):
+        return "norm"
+    return leaf
+
+
+
+
+class SizeModel:
+    """Sizes of a model's parts under a placement; the planner (a subclass) makes the choices."""
+
+    def __init__(self, meta: ModelMeta, devices: Devices, o: PlanOptions):
+        self.m, self.d, self.o = meta, devices, o
+        self.L = meta.num_layers
+        self.reasons: list[str] = []
+        self.warnings: list[str] = []
+        self.ram = devices.ram
+        self.gpu: DeviceInfo | None = None
+        self.units = [self._layer_units(i) for i in range(self.L)]
+        self.block_layer_bytes = 2 * o.block_size * meta.num_kv_heads * meta.head_dim * KV_ITEM[o.kv_cache_dtype]
+        self.ignore_rules = False
+
+    # ------------------------------------------------------------ sizes
+    def _layer_units(self, i: int) -> dict[str, list[TensorMeta]]:
+        units: dict[str, list[TensorMeta]] = {}
+        for t in self.m.layer_tensors(i):
+            units.setdefault(_unit(t), []).append(t)
+        return units
+
+    def rule(self, names: list[str]) -> str | None:
+        if self.ignore_rules:
+            return None
+        for pat, dev in self.o.override_tensor:
+            if any(re.search(pat, n) for n in names):
+                return "cpu" if dev == "cpu" else "gpu"
+        return None
+
+    def unit_device(self, unit: str, tensors: list[TensorMeta], c: _Choice) -> str:
+        if unit == "norm":
+            return c.device
+        r = self.rule([t.name for t in tensors])
+        if r == "gpu" and self.gpu is None:
+            r = None
+        if r:
+            return r
+        if unit == "moe" and c.exps_cpu:
+            return "cpu"
+        return c.device
+
+    def dev_bytes(self, t: TensorMeta, fmt: str) -> int:
+        if not t.is_matrix:
+            return t.numel * 4
+        if fmt == "packed" and t.ggml_type in DEVICE_PACKED_TYPES:
+            return t.nbytes
+        return t.numel * DTYPE_BYTES.get(fmt, DTYPE_BYTES[self.compute_dtype])
+
+    def layer_bytes(self, i: int, c: _Choice) -> tuple[int, int, int]:
+        """(RAM, GPU, streamed) bytes of layer i's weights under choice c."""
+        ram = gpu = streamed = 0
+        for unit, ts in self.units[i].items():
+            if self.unit_device(unit, ts, c) == "cpu":
+                ram += sum(t.nbytes for t in ts)
+            else:
+                b = sum(self.dev_bytes(t, c.fmt) for t in ts)
+                if c.streamed:
+                    streamed += b
+                else:
+                    gpu += b
+        return ram, gpu, streamed
+
+    def output_tensors(self) -> tuple[TensorMeta, TensorMeta | None]:
+        head = self.m.tensor("output.weight") if not self.m.tie_word_embeddings else None
+        return head or self.m.tensor("token_embd.weight"), self.m.tensor("output_norm.weight")
+
+    def output_bytes(self, on_gpu: bool, fmt: str) -> tuple[int, int]:
+        head, norm = self.output_tensors()
+        nb = norm.numel * 4 if norm else 0
+        if on_gpu:
+            return 0, self.dev_bytes(head, fmt) + nb
+        return (0 if self.m.tie_word_embeddings else head.nbytes) + nb, 0
+
+    def work_bytes(self, choices: list[_Choice], out_gpu: bool) -> int:
+        on = [c for c in choices if c.device == "gpu"]
+        if not on and not out_gpu:
+            return 0
+        m, T = self.m, self.o.max_num_batched_tokens
+        ffn = max(m.intermediate_size if not m.num_experts else 0, m.moe_intermediate_size * m.num_experts_per_tok)
+        act = T * (4 * m.hidden_size + (m.num_heads + 2 * m.num_kv_heads) * m.head_dim + 3 * ffn) * 4
+        work = act + ATTN_SCRATCH
+        if any(c.fmt == "packed" for c in on) or out_gpu:
+            work += PACKED_TILE_WORK
+        staged = [self.layer_bytes(i, c)[2] for i, c in enumerate(choices) if c.streamed]
+        if staged:
+            work += 2 * max(staged)
+        if out_gpu:
+            work += min(T, max(128, self.o.max_num_seqs)) * m.vocab_size * 4 * 2
+        return work
+
+    def margin(self) -> int:
+        g = self.gpu
+        return 0 if g is None or g.kind == "torch-cpu" else 256 * MIB + g.total_bytes // 100
+
+    def gpu_need(self, choices, out_gpu: bool, out_fmt: str, blocks: int) -> DeviceUsage:
+        w = sum(self.layer_bytes(i, c)[1] for i, c in enumerate(choices)) + self.output_bytes(out_gpu, out_fmt)[1]
+        kv_layers = 0 if self.o.kv_offload else sum(c.device == "gpu" for c in choices)
+        return DeviceUsage(self.gpu.name, self.budget, w, blocks * self.block_layer_bytes * kv_layers,
+                           self.work_bytes(choices, out_gpu), self.margin())
+
+    def fits(self, choices, out_gpu, out_fmt, blocks) -> bool:
+        return self.gpu_need(choices, out_gpu, out_fmt, blocks).total <= self.budget
+
