@@ -40,6 +40,8 @@ class LLMEngine:
         self.model, self.config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
         self.model_path, self.max_model_len = loaded.model_path, loaded.max_model_len
         self.runner = ModelRunner(self.model, loaded.num_blocks, args.block_size, args.kv_cache_dtype)
+        from offload.apply import bind_runner
+        bind_runner(self.runner, self.model)  # layers placed on a GPU keep their KV there
         self.kv_manager = KVCacheManager(loaded.num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_manager, max_num_batched_tokens=args.max_num_batched_tokens,
                                    max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,

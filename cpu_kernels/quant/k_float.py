@@ -3,14 +3,14 @@
 gemv_*(w (N, K), x f32 (M, K), out f32 (M, N)): x @ W^T in float32, 16 lanes then a fixed pairwise
 lane sum, then the K % 16 tail in order; every (m, n) is reduced the same way whatever M is.
 deq_*(w, rows int64 (T,), out (T, K)): exact widening into float32 out (numpy); a uint16 out receives
-bfloat16 bits rounded to nearest even (the prefill path).
+bfloat16 bits rounded to nearest even (for a bf16 matmul; QuantLinear does not use it now).
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
-from .simd import CACHE, bf16_to_f32, f16_to_f32, fma, hsum, load_bf16x16, load_f16x16, load_f32x16, zero_f32x16
+from .simd import CACHE, bf16_to_f32, f16_to_f32, hsum, load_bf16x16, load_f16x16, load_f32x16, muladd, zero_f32x16
 
 
 @njit(parallel=True, cache=CACHE)
@@ -22,7 +22,7 @@ def gemv_f32(w, x, out):
         for m in range(M):
             acc = zero_f32x16()
             for k in range(0, K16, 16):
-                acc = fma(acc, load_f32x16(w, n * K + k), load_f32x16(x, m * K + k))
+                acc = muladd(acc, load_f32x16(w, n * K + k), load_f32x16(x, m * K + k))
             s = hsum(acc)
             for k in range(K16, K):
                 s += w[n, k] * x[m, k]
@@ -38,7 +38,7 @@ def gemv_f16(w, x, out):
         for m in range(M):
             acc = zero_f32x16()
             for k in range(0, K16, 16):
-                acc = fma(acc, load_f16x16(w, n * K + k), load_f32x16(x, m * K + k))
+                acc = muladd(acc, load_f16x16(w, n * K + k), load_f32x16(x, m * K + k))
             s = hsum(acc)
             for k in range(K16, K):
                 s += f16_to_f32(w[n, k]) * x[m, k]
@@ -54,7 +54,7 @@ def gemv_bf16(w, x, out):
         for m in range(M):
             acc = zero_f32x16()
             for k in range(0, K16, 16):
-                acc = fma(acc, load_bf16x16(w, n * K + k), load_f32x16(x, m * K + k))
+                acc = muladd(acc, load_bf16x16(w, n * K + k), load_f32x16(x, m * K + k))
             s = hsum(acc)
             for k in range(K16, K):
                 s += bf16_to_f32(w[n, k]) * x[m, k]

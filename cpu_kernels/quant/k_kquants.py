@@ -10,8 +10,8 @@ import numpy as np
 from numba import njit, prange
 
 from .q8act import quantize_act
-from .simd import (CACHE, bcast, dpbusd, fma, hsum, i8_to_f32, lanes2, load_dup2, load_f32x8, load_i32x8, load_u8x8,
-                   load_u8x32, pair16, store, to_f32, u8_to_f32, vand, vmul, vor, vshl, vshr, vsub, zero_f32x8,
+from .simd import (CACHE, bcast, dpbusd, hsum, i8_to_f32, lanes2, load_dup2, load_f32x8, load_i32x8, load_u8x32,
+                   load_u8x8, muladd, pair16, store, to_f32, u8_to_f32, vand, vmul, vor, vshl, vshr, vsub, zero_f32x8,
                    zero_i32x8)
 
 
@@ -40,14 +40,14 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
                 scv = vmul(vmul(u8_to_f32(load_u8x8(sc, n * nb + s * 8)), load_f32x8(xd, m * nb + s * 8)),
                            d[n, s])
                 mnv = vmul(u8_to_f32(load_u8x8(mn, n * nb + s * 8)), load_f32x8(xs32, m * nb + s * 8))
-                macc = fma(macc, mnv, dmin[n, s])
+                macc = muladd(macc, mnv, dmin[n, s])
                 for c in range(4):
                     v = load_u8x32(qs, n * (K // 2) + s * 128 + c * 32)
                     xo = m * K + s * 256 + c * 64
                     i0 = dpbusd(zero_i32x8(), vand(v, 15), load_u8x32(xq, xo))
                     i1 = dpbusd(zero_i32x8(), vshr(v, 4), load_u8x32(xq, xo + 32))
-                    acc = fma(acc, to_f32(i0), bcast(scv, 2 * c))
-                    acc = fma(acc, to_f32(i1), bcast(scv, 2 * c + 1))
+                    acc = muladd(acc, to_f32(i0), bcast(scv, 2 * c))
+                    acc = muladd(acc, to_f32(i1), bcast(scv, 2 * c + 1))
             out[m, n] = hsum(vsub(acc, macc))
 
 
@@ -65,15 +65,15 @@ def gemv_q5_k(qs, qh, sc, mn, d, dmin, x, out):
                 scv = vmul(vmul(u8_to_f32(load_u8x8(sc, n * nb + s * 8)), load_f32x8(xd, m * nb + s * 8)),
                            d[n, s])
                 mnv = vmul(u8_to_f32(load_u8x8(mn, n * nb + s * 8)), load_f32x8(xs32, m * nb + s * 8))
-                macc = fma(macc, mnv, dmin[n, s])
+                macc = muladd(macc, mnv, dmin[n, s])
                 hv = load_u8x32(qh, n * (K // 8) + s * 32)
                 for c in range(4):
                     v = load_u8x32(qs, n * (K // 2) + s * 128 + c * 32)
                     xo = m * K + s * 256 + c * 64
                     i0 = dpbusd(zero_i32x8(), q5k_group(v, hv, 2 * c, False), load_u8x32(xq, xo))
                     i1 = dpbusd(zero_i32x8(), q5k_group(v, hv, 2 * c + 1, True), load_u8x32(xq, xo + 32))
-                    acc = fma(acc, to_f32(i0), bcast(scv, 2 * c))
-                    acc = fma(acc, to_f32(i1), bcast(scv, 2 * c + 1))
+                    acc = muladd(acc, to_f32(i0), bcast(scv, 2 * c))
+                    acc = muladd(acc, to_f32(i1), bcast(scv, 2 * c + 1))
             out[m, n] = hsum(vsub(acc, macc))
 
 
@@ -145,7 +145,7 @@ def gemv_q6_k(ql, qh, sc, d, x, out):
                         # lanes start at -32 * (sum of 4 activations): q is stored + 32
                         init = vshl(load_i32x8(xn4, m * (K // 4) + e // 4 + 8 * k), 5)
                         iv = dpbusd(init, q6k_group(qa, qb, hv, k), load_u8x32(xq, m * K + e + 32 * k))
-                        acc = fma(acc, to_f32(iv), lanes2(scl, k))
+                        acc = muladd(acc, to_f32(iv), lanes2(scl, k))
             out[m, n] = hsum(acc)
 
 

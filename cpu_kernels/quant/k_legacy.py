@@ -4,18 +4,17 @@ gemv_*(packed..., x f32 (M, K), out f32 (M, N)): out = x @ W^T with Q8 activatio
 parallel; each (m, n) is reduced in the same order whatever M is, so a row's result does not depend
 on the batch. deq_*(packed..., rows int64 (T,), out f32 (T, K)): out[t] = W[rows[t]] in float32,
 with the same float32 operations as gguf's numpy dequantize; out may also be uint16 (T, K), which
-receives the values rounded to bfloat16 bits (the prefill path).
+receives the values rounded to bfloat16 bits (for a bf16 matmul; QuantLinear does not use it now).
 Layouts: see repack.py.
 """
 from __future__ import annotations
 
-import numpy as np
 from numba import njit, prange
 
 from .q8act import quantize_act
-from .simd import (CACHE, bcast, bits_to_bytes, concat, dpbusd, f16_to_f32, fma, hsum, i8_to_f32, load_f16x8,
-                   load_f32x8, load_i32x8, load_u8x16, load_u8x32, store, to_f32, u8_to_f32, vadd, vand, vmul, vor, vshl, vshr, vsub,
-                   zero_f32x8, zero_i32x8)
+from .simd import (CACHE, bcast, bits_to_bytes, concat, dpbusd, f16_to_f32, hsum, i8_to_f32, load_f16x8, load_f32x8,
+                   load_i32x8, load_u8x16, load_u8x32, muladd, store, to_f32, u8_to_f32, vadd, vand, vmul, vor, vshl,
+                   vshr, vsub, zero_f32x8, zero_i32x8)
 
 
 @njit(cache=CACHE)
@@ -38,33 +37,33 @@ def nibbles5(qs, o, h):
 def blk_q8_0(acc, qs, qh, n, b, m, K, xq, xn4, scale):
     init = vshl(load_i32x8(xn4, m * (K // 4) + b * 8), 7)
     iv = dpbusd(init, load_u8x32(qs, n * K + b * 32), load_u8x32(xq, m * K + b * 32))
-    return fma(acc, to_f32(iv), scale)
+    return muladd(acc, to_f32(iv), scale)
 
 
 @njit(cache=CACHE)
 def blk_q4_0(acc, qs, qh, n, b, m, K, xq, xn4, scale):
     init = vshl(load_i32x8(xn4, m * (K // 4) + b * 8), 3)
     iv = dpbusd(init, nibbles(qs, n * (K // 2) + b * 16), load_u8x32(xq, m * K + b * 32))
-    return fma(acc, to_f32(iv), scale)
+    return muladd(acc, to_f32(iv), scale)
 
 
 @njit(cache=CACHE)
 def blk_q4_1(acc, qs, qh, n, b, m, K, xq, xn4, scale):
     iv = dpbusd(zero_i32x8(), nibbles(qs, n * (K // 2) + b * 16), load_u8x32(xq, m * K + b * 32))
-    return fma(acc, to_f32(iv), scale)
+    return muladd(acc, to_f32(iv), scale)
 
 
 @njit(cache=CACHE)
 def blk_q5_0(acc, qs, qh, n, b, m, K, xq, xn4, scale):
     init = vshl(load_i32x8(xn4, m * (K // 4) + b * 8), 4)
     iv = dpbusd(init, nibbles5(qs, n * (K // 2) + b * 16, qh[n, b]), load_u8x32(xq, m * K + b * 32))
-    return fma(acc, to_f32(iv), scale)
+    return muladd(acc, to_f32(iv), scale)
 
 
 @njit(cache=CACHE)
 def blk_q5_1(acc, qs, qh, n, b, m, K, xq, xn4, scale):
     iv = dpbusd(zero_i32x8(), nibbles5(qs, n * (K // 2) + b * 16, qh[n, b]), load_u8x32(xq, m * K + b * 32))
-    return fma(acc, to_f32(iv), scale)
+    return muladd(acc, to_f32(iv), scale)
 
 
 # Q8_0 -------------------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ import numpy as np
 from numba import njit, prange
 
 from .q8act import quantize_act
-from .simd import (CACHE, dpbusd, fma, hsum, i8_to_f32, lanes2, load_dup2, load_f32x16, load_i32x8, load_u8x8,
-                   load_u8x16, load_u8x32, pair16, store, to_f32, u8_to_f32, vand, vmul, vor, vshl, vshr, vsub,
-                   zero_f32x8, zero_f32x16, zero_i32x8)
+from .simd import (CACHE, dpbusd, hsum, i8_to_f32, lanes2, load_dup2, load_f32x16, load_i32x8, load_u8x16, load_u8x32,
+                   load_u8x8, muladd, pair16, store, to_f32, u8_to_f32, vand, vmul, vor, vshl, vshr, vsub, zero_f32x16,
+                   zero_f32x8, zero_i32x8)
 
 
 @njit(cache=CACHE)
@@ -33,7 +33,7 @@ def gemv_q2_k(qs, sc, d, dmin, x, out):
             for s in range(ns):
                 # mins: dmin * m_j * (xd * sum of the 16 activations of sub-block j)
                 mv = u8_to_f32(vshr(load_u8x16(sc, n * (K // 16) + s * 16), 4))
-                macc = fma(macc, vmul(mv, load_f32x16(xs16, m * (K // 16) + s * 16)), dmin[n, s])
+                macc = muladd(macc, vmul(mv, load_f32x16(xs16, m * (K // 16) + s * 16)), dmin[n, s])
                 for h in range(2):
                     qv = load_u8x32(qs, n * (K // 4) + s * 64 + h * 32)
                     e = s * 256 + h * 128
@@ -41,7 +41,7 @@ def gemv_q2_k(qs, sc, d, dmin, x, out):
                                     load_dup2(xd, m * nb + e // 32)), d[n, s])
                     for k in range(4):
                         iv = dpbusd(zero_i32x8(), vand(vshr(qv, 2 * k), 3), load_u8x32(xq, m * K + e + 32 * k))
-                        acc = fma(acc, to_f32(iv), lanes2(scl, k))
+                        acc = muladd(acc, to_f32(iv), lanes2(scl, k))
             out[m, n] = hsum(acc) - hsum(macc)
 
 
@@ -83,7 +83,7 @@ def gemv_q3_k(hmask, qs, sc, d, x, out):
                     for k in range(4):
                         init = vshl(load_i32x8(xn4, m * (K // 4) + e // 4 + 8 * k), 2)
                         iv = dpbusd(init, q3k_group(qv, hm, h, k), load_u8x32(xq, m * K + e + 32 * k))
-                        acc = fma(acc, to_f32(iv), lanes2(scl, k))
+                        acc = muladd(acc, to_f32(iv), lanes2(scl, k))
             out[m, n] = hsum(acc)
 
 

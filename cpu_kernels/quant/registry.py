@@ -23,7 +23,8 @@ class QuantFormat:
     repack(raw uint8 (N, row_bytes) or typed (N, K), K) -> tuple of arrays (`fields`, in order).
     gemv(*packed, x f32 (M, K) C-contiguous, out f32 (M, N) C-contiguous): out = x @ W^T, each
         output element computed the same way whatever M is (Numba, parallel over rows of W).
-    dequant(*packed, rows int64 (T,), out f32 (T, K)): out[t] = W[rows[t]], bit-equal to gguf's.
+    dequant(*packed, rows int64 (T,), out f32 (T, K)): out[t] = W[rows[t]], bit-equal to gguf's;
+        a uint16 out receives those values rounded to bfloat16 bits.
     int8_activations: gemv quantizes x to int8 per 32-block first (about 0.5 % relative error).
     """
     ggml_type: Q

@@ -168,7 +168,7 @@ vadd, vsub, vmul, vand, vor, vshr, vshl = (_binop(n) for n in ("add", "sub", "mu
 
 
 @intrinsic
-def fma(typingctx, acc, a, b):
+def muladd(typingctx, acc, a, b):
     """acc + a * b (f32 vectors; b may be a float scalar, splat). Not fused: rounding is fixed."""
     if not (isinstance(acc, Vec) and acc.kind == "f32" and a == acc):
         return None
