@@ -5,7 +5,7 @@ arrays on the CPU (numba 0.68 raises NotImplementedError('float16') for any use,
 the public functions are thin Python wrappers that hand float16 caches to the kernels as their uint16
 bits. The kernels convert with LLVM's half<->float conversions (one vcvtph2ps/vcvtps2ph per 16 values
 where the CPU has F16C, round-to-nearest-even) or, on an x86 CPU without F16C, with the integer bit
-routines below, which give the same bits (tests check both against numpy over all halfs).
+routines of cpu_kernels/f16.py, which give the same bits (tests check both against numpy over all halfs).
 
 paged_attention works on tiles: a few rows of one sequence x the query heads of one kv head. Each K/V
 block is converted once per tile and the scores and the weighted sum of V run in explicit 16-lane vector
@@ -18,127 +18,17 @@ sequence).
 """
 from __future__ import annotations
 
-import platform
-
-import llvmlite.binding as llvm_binding
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic, models, overload, register_model
+from numba import njit, prange
 
-from cpu_kernels.activations import bits_to_f32, exp_f32, f32_to_bits, tanh_f32
+from cpu_kernels.activations import exp_f32, tanh_f32
+from cpu_kernels.f16 import _encode, _load_f32
+from cpu_kernels.vec16 import _vhsum, _vload, _vmuladd, _vstore, _vzero
 
 _JIT = dict(cache=True, error_model="numpy")
 _F0 = np.float32(0.0)
 _NEG_INF = np.float32(-np.inf)
-
-
-# ---------------------------------------------------------------- float16 <-> float32
-@intrinsic
-def _f16_to_f32_hw(typingctx, bits):
-    if not (isinstance(bits, types.Integer) and bits.bitwidth == 16):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-    return types.float32(bits), codegen
-
-
-@intrinsic
-def _f32_to_f16_hw(typingctx, x):
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
-    return types.uint16(x), codegen
-
-
-@njit(**_JIT)
-def f16_to_f32_soft(h):
-    """float16 bits (uint16) -> float32, integer operations only."""
-    hi = np.int64(h)
-    sign = (hi & 0x8000) << 16
-    e = (hi >> 10) & 0x1F
-    m = hi & 0x3FF
-    if e == 0:  # zero or subnormal: m * 2^-24 is exact in float32
-        f = np.float32(m) * np.float32(5.9604644775390625e-08)
-        return -f if sign != 0 else f
-    if e == 31:
-        bits = sign | 0x7F800000 | (m << 13)
-        if m != 0:
-            bits |= 0x400000  # quiet NaN, as the hardware conversion gives
-    else:
-        bits = sign | ((e + 112) << 23) | (m << 13)
-    return bits_to_f32(bits)
-
-
-@njit(**_JIT)
-def f32_to_f16_soft(x):
-    """float32 -> float16 bits (uint16), round to nearest even, integer operations only."""
-    u = np.int64(f32_to_bits(np.float32(x)))
-    sign = (u >> 16) & 0x8000
-    a = u & 0x7FFFFFFF
-    if a >= 0x7F800000:  # inf, nan (quiet, top payload bits kept)
-        r = 0x7C00 | ((0x200 | ((a >> 13) & 0x3FF)) if a > 0x7F800000 else 0)
-    elif a >= 0x477FF000:  # >= 65520 rounds to inf
-        r = 0x7C00
-    elif a < 0x38800000:  # below 2^-14: adding 0.5 lines the float16 subnormal up with float32's
-        f = bits_to_f32(a) + np.float32(0.5)  # last mantissa bits, rounded to nearest even by the FPU
-        r = np.int64(f32_to_bits(f)) - 0x3F000000
-    else:  # normal: rebias the exponent, round the 13 dropped bits to nearest even
-        r = (a - 0x38000000 + 0xFFF + ((a >> 13) & 1)) >> 13
-    return np.uint16(r | sign)
-
-
-def _hw_f16() -> bool:
-    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
-        return bool(llvm_binding.get_host_cpu_features().get("f16c", False))
-    return True  # aarch64 and others convert half natively
-
-
-if _hw_f16():
-    f16_to_f32, f32_to_f16 = _f16_to_f32_hw, _f32_to_f16_hw
-else:
-    f16_to_f32, f32_to_f16 = f16_to_f32_soft, f32_to_f16_soft
-
-
-def _load_f32(x):
-    """Cache element -> float32 (uint16 elements are float16 bits)."""
-
-
-@overload(_load_f32)
-def _load_f32_impl(x):
-    if isinstance(x, types.Integer):
-        return lambda x: f16_to_f32(x)
-    return lambda x: np.float32(x)
-
-
-def _encode(x, cache):
-    """float32 -> the element type of cache."""
-
-
-@overload(_encode)
-def _encode_impl(x, cache):
-    if cache.dtype == types.uint16:
-        return lambda x, cache: f32_to_f16(np.float32(x))
-    return lambda x, cache: np.float32(x)
-
-
-@njit(**_JIT)
-def f16_bits_to_f32_array(h, out):
-    """Test helper: out[i] = float(h[i]) with the conversion the kernels use."""
-    for i in range(h.shape[0]):
-        out[i] = _load_f32(h[i])
-
-
-@njit(**_JIT)
-def f32_to_f16_bits_array(x, out):
-    """Test helper: out[i] = float16 bits of x[i] with the conversion the kernels use."""
-    for i in range(x.shape[0]):
-        out[i] = _encode(x[i], out)
 
 
 # ---------------------------------------------------------------- write_kv
@@ -182,109 +72,6 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping):
 
 
 # ---------------------------------------------------------------- float32 x 16 vectors
-# Explicit vectors fix each score's arithmetic by construction: lane-wise fma(q, k, acc) over the 16-wide
-# chunks of D, then one fixed halving tree. There are no fast-math flags, so LLVM may not reorder, and a
-# score or an output row is bitwise the same whichever kernel variant (1 or 4 query vectors) or tile
-# computes it. Rows are zero-padded to Dp (a multiple of 32); padded lanes add exact zeros.
-_VT = ir.VectorType(ir.FloatType(), 16)
-_I32 = ir.IntType(32)
-
-
-class _F32x16(types.Type):
-    def __init__(self):
-        super().__init__(name="ramlm_attention_f32x16")
-
-
-_f32x16 = _F32x16()
-
-
-@register_model(_F32x16)
-class _F32x16Model(models.PrimitiveModel):
-    def __init__(self, dmm, fe_type):
-        super().__init__(dmm, fe_type, _VT)
-
-
-def _vptr(context, builder, arrty, arr, idx, idxty):
-    a = context.make_array(arrty)(context, builder, arr)
-    i = context.cast(builder, idx, idxty, types.intp)
-    return builder.bitcast(builder.gep(a.data, [i]), _VT.as_pointer())
-
-
-@intrinsic
-def _vload(typingctx, arr, idx):
-    """arr[idx:idx + 16] of a C-contiguous float32 array (idx counts elements)."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.float32 and isinstance(idx, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.load(_vptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]), align=4)
-    return _f32x16(arr, idx), codegen
-
-
-@intrinsic
-def _vstore(typingctx, arr, idx, v):
-    if not (isinstance(arr, types.Array) and arr.dtype == types.float32 and v == _f32x16):
-        return None
-
-    def codegen(context, builder, sig, args):
-        builder.store(args[2], _vptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]), align=4)
-        return context.get_dummy_value()
-    return types.none(arr, idx, v), codegen
-
-
-@intrinsic
-def _vzero(typingctx):
-    def codegen(context, builder, sig, args):
-        return ir.Constant(_VT, None)
-    return _f32x16(), codegen
-
-
-def _has_fma() -> bool:
-    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
-        return bool(llvm_binding.get_host_cpu_features().get("fma", False))
-    return True  # aarch64 has fused multiply-add
-
-
-_FUSED = _has_fma()
-
-
-@intrinsic
-def _vmuladd(typingctx, acc, a, b):
-    """acc + a * b on 16 lanes; b a vector or a float (broadcast). One fused rounding (llvm.fma) where the
-    CPU has FMA, else a rounded multiply then a rounded add: fixed arithmetic either way."""
-    if not (acc == _f32x16 and a == _f32x16 and (b == _f32x16 or isinstance(b, types.Float))):
-        return None
-
-    def codegen(context, builder, sig, args):
-        vacc, va, vb = args
-        if sig.args[2] != _f32x16:
-            s = context.cast(builder, vb, sig.args[2], types.float32)
-            vb = builder.insert_element(ir.Constant(_VT, ir.Undefined), s, ir.Constant(_I32, 0))
-            vb = builder.shuffle_vector(vb, vb, ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
-        if _FUSED:
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VT, [_VT, _VT, _VT]),
-                                                 "llvm.fma.v16f32")
-            return builder.call(fma, [va, vb, vacc])
-        return builder.fadd(vacc, builder.fmul(va, vb))
-    return _f32x16(acc, a, b), codegen
-
-
-@intrinsic
-def _vhsum(typingctx, v):
-    """Sum of the 16 lanes: high half added to low half until one lane is left."""
-    if v != _f32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        x, n = args[0], 16
-        while n > 1:
-            h = n // 2
-            lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h))))
-            hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h, n))))
-            x, n = builder.fadd(lo, hi), h
-        return builder.extract_element(x, ir.Constant(_I32, 0))
-    return types.float32(v), codegen
-
 
 # ---------------------------------------------------------------- attention micro-kernels
 @njit(**_JIT)

@@ -9,6 +9,7 @@ import pytest
 from numba import njit
 
 from cpu_kernels import attention as A
+from cpu_kernels import f16 as F
 
 
 # ---------------------------------------------------------------- float16 conversions
@@ -16,7 +17,7 @@ from cpu_kernels import attention as A
 def _soft_f16_to_f32(h):
     out = np.empty(h.shape[0], np.float32)
     for i in range(h.shape[0]):
-        out[i] = A.f16_to_f32_soft(h[i])
+        out[i] = F.f16_to_f32_soft(h[i])
     return out
 
 
@@ -24,19 +25,19 @@ def _soft_f16_to_f32(h):
 def _soft_f32_to_f16(x):
     out = np.empty(x.shape[0], np.uint16)
     for i in range(x.shape[0]):
-        out[i] = A.f32_to_f16_soft(x[i])
+        out[i] = F.f32_to_f16_soft(x[i])
     return out
 
 
 def _kernel_f16_to_f32(h):
     out = np.empty(h.shape[0], np.float32)
-    A.f16_bits_to_f32_array(h, out)
+    F.f16_bits_to_f32_array(h, out)
     return out
 
 
 def _kernel_f32_to_f16(x):
     out = np.empty(x.shape[0], np.uint16)
-    A.f32_to_f16_bits_array(x, out)
+    F.f32_to_f16_bits_array(x, out)
     return out
 
 

@@ -1,0 +1,114 @@
+"""16-lane float32 vectors for Numba kernels (paged attention's score and weighted-sum micro-kernels)."""
+from __future__ import annotations
+
+import platform
+
+import llvmlite.binding as llvm_binding
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+
+# Explicit vectors fix each score's arithmetic by construction: lane-wise fma(q, k, acc) over the 16-wide
+# chunks of D, then one fixed halving tree. There are no fast-math flags, so LLVM may not reorder, and a
+# score or an output row is bitwise the same whichever kernel variant (1 or 4 query vectors) or tile
+# computes it. Rows are zero-padded to Dp (a multiple of 32); padded lanes add exact zeros.
+_VT = ir.VectorType(ir.FloatType(), 16)
+_I32 = ir.IntType(32)
+
+
+class _F32x16(types.Type):
+    def __init__(self):
+        super().__init__(name="ramlm_attention_f32x16")
+
+
+_f32x16 = _F32x16()
+
+
+@register_model(_F32x16)
+class _F32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VT)
+
+
+def _vptr(context, builder, arrty, arr, idx, idxty):
+    a = context.make_array(arrty)(context, builder, arr)
+    i = context.cast(builder, idx, idxty, types.intp)
+    return builder.bitcast(builder.gep(a.data, [i]), _VT.as_pointer())
+
+
+@intrinsic
+def _vload(typingctx, arr, idx):
+    """arr[idx:idx + 16] of a C-contiguous float32 array (idx counts elements)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32 and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_vptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]), align=4)
+    return _f32x16(arr, idx), codegen
+
+
+@intrinsic
+def _vstore(typingctx, arr, idx, v):
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32 and v == _f32x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _vptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]), align=4)
+        return context.get_dummy_value()
+    return types.none(arr, idx, v), codegen
+
+
+@intrinsic
+def _vzero(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_VT, None)
+    return _f32x16(), codegen
+
+
+def _has_fma() -> bool:
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+        return bool(llvm_binding.get_host_cpu_features().get("fma", False))
+    return True  # aarch64 has fused multiply-add
+
+
+_FUSED = _has_fma()
+
+
+@intrinsic
+def _vmuladd(typingctx, acc, a, b):
+    """acc + a * b on 16 lanes; b a vector or a float (broadcast). One fused rounding (llvm.fma) where the
+    CPU has FMA, else a rounded multiply then a rounded add: fixed arithmetic either way."""
+    if not (acc == _f32x16 and a == _f32x16 and (b == _f32x16 or isinstance(b, types.Float))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vacc, va, vb = args
+        if sig.args[2] != _f32x16:
+            s = context.cast(builder, vb, sig.args[2], types.float32)
+            vb = builder.insert_element(ir.Constant(_VT, ir.Undefined), s, ir.Constant(_I32, 0))
+            vb = builder.shuffle_vector(vb, vb, ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+        if _FUSED:
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VT, [_VT, _VT, _VT]),
+                                                 "llvm.fma.v16f32")
+            return builder.call(fma, [va, vb, vacc])
+        return builder.fadd(vacc, builder.fmul(va, vb))
+    return _f32x16(acc, a, b), codegen
+
+
+@intrinsic
+def _vhsum(typingctx, v):
+    """Sum of the 16 lanes: high half added to low half until one lane is left."""
+    if v != _f32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        x, n = args[0], 16
+        while n > 1:
+            h = n // 2
+            lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h))))
+            hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h, n))))
+            x, n = builder.fadd(lo, hi), h
+        return builder.extract_element(x, ir.Constant(_I32, 0))
+    return types.float32(v), codegen
