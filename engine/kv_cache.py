@@ -20,6 +20,15 @@ Free list order (the head is reused first):
     takes a sequence's tail before its prefix; a prefix hit needs every block before it anyway.
 Touching a free cached block (a prefix hit) removes it from the list; allocation pops the head and
 drops the popped block's hash, which is the LRU eviction.
+
+Swapping (a RAM tier of num_cpu_blocks host blocks, engine/kv_swap.py): swap_out copies *every* block of
+the request's table to host blocks and then drops its references exactly as free() does. A block shared
+with another request (ref > 1) is copied too, although dropping our reference frees nothing: a swapped
+request then holds no device block at all, so device blocks are held only by running requests and the
+scheduler's no-livelock argument still holds. Shared blocks are full and computed, so the copy is stable.
+Hashed blocks stay in the hash map after the swap-out (free, findable) until evicted. swap_in gives the
+request fresh private blocks, one per host block, in block-table order; their hashes are published again
+by cache_blocks (a hash still cached elsewhere keeps that block, and the copy stays private).
 """
 from __future__ import annotations
 
@@ -28,6 +37,7 @@ import pickle
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from engine.kv_swap import SwapSpace
 from engine.request import Request
 
 NULL_BLOCK_ID = 0
@@ -140,10 +150,12 @@ class BlockPool:
 class KVCacheManager:
     """Allocates blocks to requests (stored on request.block_ids) with prefix caching."""
 
-    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
+                 num_cpu_blocks: int = 0):
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching)
+        self.swap_space = SwapSpace(num_cpu_blocks)  # empty (0 blocks): preemption recomputes
         self._num_cached_blocks: dict[str, int] = {}  # request id -> leading blocks already in the hash map
         self._pending_stats: dict[str, tuple[int, int]] = {}
         self.prefix_cache_queries = 0  # tokens looked up
@@ -263,11 +275,58 @@ class KVCacheManager:
         self._num_cached_blocks[rid] = num_full
 
     def free(self, request: Request) -> None:
-        """Releases the request's blocks, last block first (see the module doc for the order)."""
+        """Releases the request's blocks, last block first (see the module doc for the order), and its host
+        blocks when it is swapped out."""
         self.pool.free_blocks([self.pool.blocks[i] for i in reversed(request.block_ids)])
         request.block_ids = []
         self._num_cached_blocks.pop(request.request_id, None)
         self._pending_stats.pop(request.request_id, None)
+        self.swap_space.release(request.request_id)
+
+    # ---- the RAM tier ----
+    @property
+    def num_cpu_blocks(self) -> int:
+        return self.swap_space.num_blocks
+
+    def is_swapped(self, request: Request) -> bool:
+        return self.swap_space.holds(request.request_id)
+
+    def swap_out(self, request: Request) -> list[tuple[int, int]] | None:
+        """Moves a request's whole block table to host blocks and frees its device blocks.
+
+        Returns:
+            (device block, host block) pairs in block-table order, to copy device -> host before anything
+            writes the freed device blocks; None (nothing changes) when the request holds no blocks or
+            the RAM tier has too few free blocks (the caller recomputes instead).
+        """
+        if not request.block_ids or self.is_swapped(request):
+            return None
+        host_ids = self.swap_space.take(request.request_id, len(request.block_ids))
+        if host_ids is None:
+            return None
+        pairs = list(zip(request.block_ids, host_ids))
+        self.pool.free_blocks([self.pool.blocks[i] for i in reversed(request.block_ids)])
+        request.block_ids = []
+        self._num_cached_blocks.pop(request.request_id, None)
+        return pairs
+
+    def can_swap_in(self, request: Request, num_new_tokens: int) -> bool:
+        """Whether the device pool holds the swapped blocks plus the blocks of num_new_tokens more."""
+        total = request.num_computed_tokens + num_new_tokens
+        need = max(self.blocks_needed(total), len(self.swap_space.tables[request.request_id]))
+        return need <= self.pool.num_free_blocks
+
+    def swap_in(self, request: Request) -> list[tuple[int, int]]:
+        """Gives a swapped-out request fresh device blocks for its host blocks (call can_swap_in first).
+
+        Returns:
+            (device block, host block) pairs in block-table order, to copy host -> device before the
+            step runs; request.block_ids is the restored table (allocate_slots adds the new tokens' blocks).
+        """
+        assert not request.block_ids, "a swapped-out request holds no device blocks"
+        host_ids = self.swap_space.release(request.request_id)
+        request.block_ids = [b.block_id for b in self.pool.get_new_blocks(len(host_ids))]
+        return list(zip(request.block_ids, host_ids))
 
     def reset_prefix_cache(self) -> bool:
         """Drops every cached hash; always succeeds (held blocks stay allocated, just unshared)."""

@@ -8,10 +8,14 @@ Policy:
   - running requests first (decodes and unfinished prompt chunks), in arrival order; then waiting
     requests, strict FCFS (the queue head blocks the rest), while len(running) < max_num_seqs;
   - chunked prefill: a prompt larger than the step's remaining budget runs in pieces;
-  - when blocks run out, the last-arrived running request is preempted (blocks freed, recomputed
-    later from the front of the queue; its computed full blocks stay in the prefix cache until
-    evicted, tail first, so part of the recompute is often a cache hit); no waiting request is
-    admitted in a step that preempted;
+  - when blocks run out, the last-arrived running request is preempted and goes back to the front
+    of the queue. With a RAM tier (KVCacheManager num_cpu_blocks) holding enough free blocks, its
+    whole block table is swapped out (SchedulerOutput.blocks_to_swap_out) and swapped back into fresh
+    device blocks when it is admitted again (blocks_to_swap_in), keeping num_computed_tokens: no
+    recompute. Otherwise its blocks are freed and it is recomputed (its computed full blocks stay in
+    the prefix cache until evicted, tail first, so part of the recompute is often a cache hit);
+  - no waiting request is admitted (so nothing is swapped in) in a step that preempted: a step's
+    swaps all go one way, so no block is freed by one swap and written by another in the same step;
   - running stays in arrival order and every running request arrived before every waiting one, so
     the oldest request always progresses: no livelock, and add_request rejects any request that
     could not fit in the pool even alone, so nothing waits forever.
@@ -60,6 +64,8 @@ class Scheduler:
         self.running: list[Request] = []
         self._finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        self.num_swap_outs = 0  # preemptions that went to the RAM tier (requests)
+        self.num_swap_ins = 0
 
     # ---- requests in and out ----
     def add_request(self, request: Request) -> None:
@@ -109,10 +115,18 @@ class Scheduler:
         del self.requests[req.request_id]
         self._finished_req_ids.add(req.request_id)
 
-    def _preempt(self, req: Request) -> None:
-        self.kv.free(req)
+    def _preempt(self, req: Request, swap_out: list[tuple[int, int]]) -> None:
+        """Swaps req's blocks to the RAM tier (pairs appended to swap_out) when it has room, else frees
+        them for a recompute; either way req waits at the front of the queue."""
+        # A request with no token to run (its sample not back yet) is recomputed: swapped, it would wait forever.
+        pairs = self.kv.swap_out(req) if req.num_tokens > req.num_computed_tokens else None
+        if pairs is None:
+            self.kv.free(req)
+            req.num_computed_tokens = 0
+        else:
+            swap_out.extend(pairs)
+            self.num_swap_outs += 1
         req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
@@ -127,6 +141,8 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         picked: list[tuple[Request, int, list[int], bool]] = []  # request, num tokens, new blocks, is new
         preempted: list[Request] = []
+        swap_out: list[tuple[int, int]] = []  # (device block, host block), device -> RAM
+        swap_in: list[tuple[int, int]] = []  # (device block, host block), RAM -> device
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -138,7 +154,7 @@ class Scheduler:
             new_ids = self.kv.allocate_slots(req, n)
             while new_ids is None:
                 victim = self.running.pop()  # the last arrived; never one already picked (those are < i)
-                self._preempt(victim)
+                self._preempt(victim, swap_out)
                 preempted.append(victim)
                 if victim is req:
                     break
@@ -152,12 +168,23 @@ class Scheduler:
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
-                hit_ids, num_hit = self.kv.get_computed_blocks(req)
+                swapped = self.kv.is_swapped(req)
+                if swapped:  # its KV is in the RAM tier: everything computed stays computed
+                    num_hit = req.num_computed_tokens
+                else:
+                    hit_ids, num_hit = self.kv.get_computed_blocks(req)
                 n = req.num_tokens - num_hit
                 if not self.enable_chunked_prefill and n > budget:
                     break
                 n = self._cap(n, budget)
-                new_ids = self.kv.allocate_slots(req, n, num_hit, hit_ids)
+                if swapped:
+                    if not self.kv.can_swap_in(req, n):
+                        break
+                    swap_in += self.kv.swap_in(req)
+                    self.num_swap_ins += 1
+                    new_ids = self.kv.allocate_slots(req, n)  # fits: can_swap_in counted these blocks
+                else:
+                    new_ids = self.kv.allocate_slots(req, n, num_hit, hit_ids)
                 if new_ids is None:
                     break
                 self.waiting.popleft()
@@ -187,7 +214,8 @@ class Scheduler:
         return SchedulerOutput(
             scheduled=tuple(scheduled), new_requests=tuple(new_reqs),
             total_num_scheduled_tokens=self.max_num_batched_tokens - budget,
-            finished_req_ids=finished, preempted_req_ids=frozenset(r.request_id for r in preempted))
+            finished_req_ids=finished, preempted_req_ids=frozenset(r.request_id for r in preempted),
+            blocks_to_swap_out=tuple(swap_out), blocks_to_swap_in=tuple(swap_in))
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            sampled: dict[str, list[int]]) -> list[tuple[Request, FinishReason]]:
@@ -245,4 +273,6 @@ class Scheduler:
         return SchedulerStats(
             num_running=len(self.running), num_waiting=len(self.waiting), kv_cache_usage=self.kv.usage,
             prefix_cache_queries=self.kv.prefix_cache_queries, prefix_cache_hits=self.kv.prefix_cache_hits,
-            num_preemptions=self.num_preemptions)
+            num_preemptions=self.num_preemptions, num_swapped=self.kv.swap_space.num_swapped,
+            num_swap_outs=self.num_swap_outs, num_swap_ins=self.num_swap_ins,
+            cpu_kv_cache_usage=self.kv.swap_space.usage)

@@ -1,10 +1,14 @@
 """What the scheduler hands the runner each step, and its statistics: plain frozen data, no arrays.
 
 How the runner consumes a SchedulerOutput (block_size is the KV cache's):
+  0. Before the forward pass, even when `scheduled` is empty, copy blocks_to_swap_out (device -> RAM
+     tier) and blocks_to_swap_in (RAM tier -> device): a swapped-out device block may be written by
+     another request in this very step. One step never has both, so their order does not matter.
   1. Drop its per-request state for every id in finished_req_ids and preempted_req_ids (in that
      order, before step 2: an id can be finished and then reused by a new request).
   2. Create per-request state (sampling params, penalties history, generator) for each entry of
-     new_requests. A request resumed after preemption comes back here, with its outputs so far.
+     new_requests. A request resumed after preemption comes back here, with its outputs so far
+     (after a swap-in, its num_cached_tokens computed tokens came back from the RAM tier).
   3. For each entry of `scheduled`, in order, append one sequence to the batch:
          rows        token_ids (len q)
          positions   start_pos .. start_pos + q - 1
@@ -53,8 +57,9 @@ class ScheduledRequest:
 class NewRequestData:
     """A request the runner has not seen yet (or sees again after a preemption): sent whole.
 
-    num_cached_tokens  prefix-cache hit tokens: the KV of positions < num_cached_tokens is already
-                       in its first blocks and is not recomputed
+    num_cached_tokens  prefix-cache hit tokens, or after a swap-in the tokens whose KV was swapped back:
+                       the KV of positions < num_cached_tokens is already in its first blocks and is
+                       not recomputed
     """
     req_id: str
     prompt_token_ids: tuple[int, ...]
@@ -70,12 +75,16 @@ class SchedulerOutput:
     new_requests       entries of `scheduled` that need fresh runner state
     finished_req_ids   requests finished or aborted since the previous schedule(): drop their state
     preempted_req_ids  requests preempted this step (blocks freed; they return later as new requests)
+    blocks_to_swap_out (device block, host block) pairs: copy device -> RAM tier before this step runs
+    blocks_to_swap_in  (device block, host block) pairs: copy RAM tier -> device before this step runs
     """
     scheduled: tuple[ScheduledRequest, ...]
     new_requests: tuple[NewRequestData, ...]
     total_num_scheduled_tokens: int
     finished_req_ids: frozenset[str]
     preempted_req_ids: frozenset[str]
+    blocks_to_swap_out: tuple[tuple[int, int], ...] = ()
+    blocks_to_swap_in: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:
@@ -83,6 +92,7 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
+        """Nothing to run (swaps may still be due: step 0 above)."""
         return not self.scheduled
 
 
@@ -95,6 +105,10 @@ class SchedulerStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    num_swapped: int = 0  # requests whose KV is in the RAM tier now
+    num_swap_outs: int = 0  # preemptions that swapped to the RAM tier instead of recomputing (cumulative)
+    num_swap_ins: int = 0
+    cpu_kv_cache_usage: float = 0.0  # fraction of RAM-tier blocks held
 
     @property
     def prefix_cache_hit_rate(self) -> float:
