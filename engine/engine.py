@@ -42,7 +42,10 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, loaded.num_blocks, args.block_size, args.kv_cache_dtype)
         from offload.apply import bind_runner
         bind_runner(self.runner, self.model)  # layers placed on a GPU keep their KV there
-        self.kv_manager = KVCacheManager(loaded.num_blocks, args.block_size, args.enable_prefix_caching)
+        # --num-cpu-blocks: the plan's RAM tier (None without device KV); preemption swaps into it.
+        self.kv_tier = getattr(self.model, "kv_tier", None)
+        self.kv_manager = KVCacheManager(loaded.num_blocks, args.block_size, args.enable_prefix_caching,
+                                         num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0)
         self.scheduler = Scheduler(self.kv_manager, max_num_batched_tokens=args.max_num_batched_tokens,
                                    max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,
                                    enable_chunked_prefill=args.enable_chunked_prefill)
@@ -151,6 +154,7 @@ class LLMEngine:
     # ---- one step ----
     def step(self) -> list[RequestOutput]:
         so = self.scheduler.schedule()
+        self._swap(so)  # before the early return: freed device blocks may be reused next step
         if so.is_empty:
             return []
         now = time.time()
@@ -188,6 +192,13 @@ class LLMEngine:
                 child.finish_reason = reason
             touched[self._child_parent[rid]] = None
         return [self._output(pid) for pid in touched]
+
+    def _swap(self, so) -> None:
+        """Copies the step's swapped blocks between the device KV and the RAM tier (one direction per step)."""
+        if so.blocks_to_swap_out:
+            self.kv_tier.swap_out(*zip(*so.blocks_to_swap_out))
+        if so.blocks_to_swap_in:
+            self.kv_tier.swap_in([h for _, h in so.blocks_to_swap_in], [d for d, _ in so.blocks_to_swap_in])
 
     def _prompt_logprobs(self, child: ChildState, start: int, hidden_rows: np.ndarray) -> None:
         prompt = child.request.prompt_token_ids

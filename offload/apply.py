@@ -125,7 +125,8 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
     tier = None
     if plan.kv.num_cpu_blocks and device_kv:
         from offload.kv_tiers import HostKVTier
-        tier = HostKVTier(plan.kv.num_cpu_blocks, device_kv)
+        # A swapped block id is reused in every layer: with a runner, its RAM layers' KV moves too.
+        tier = HostKVTier(plan.kv.num_cpu_blocks, dict(enumerate(runner.kv_caches)) if runner else device_kv)
     model.kv_tier = tier
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
@@ -135,13 +136,17 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
 def bind_runner(runner, model) -> int:
     """Points runner.kv_caches[i] at the device KV of each device block (the engine builds its runner after
     the load hook has applied the plan; the blocks work either way, this makes runner.kv_caches tell the
-    truth and frees the untouched numpy pairs). Returns how many layers were rebound."""
+    truth and frees the untouched numpy pairs), and the RAM tier (model.kv_tier) at every layer's KV, since
+    a swapped block id is reused in all of them. Returns how many layers were rebound."""
     n = 0
     for i, b in enumerate(model.blocks):
         kv = getattr(getattr(b, "attn", None), "kv_cache", None)
         if kv is not None and i < len(runner.kv_caches):
             runner.kv_caches[i] = kv
             n += 1
+    tier = getattr(model, "kv_tier", None)
+    if tier is not None:
+        tier.bind(dict(enumerate(runner.kv_caches)))
     return n
 
 

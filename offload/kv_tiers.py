@@ -1,15 +1,41 @@
 """A RAM tier behind the device's KV blocks (--num-cpu-blocks): whole blocks swapped out and back in.
 
 Block ids are the same in every layer (one block id space), so swapping block b moves b's K and V rows of
-every layer whose KV lives on the device. The tier is allocated on first use (pinned on CUDA, so the
-copies are DMA), and nothing calls it until the KV manager does: the planner counts its bytes, apply_plan
-builds it, and tests check a round trip through it.
+every layer: the device-KV layers' torch tensors and, in a mixed placement, the RAM layers' numpy arrays
+too (their block b is handed to another request as soon as b is freed). The engine binds the tier to all
+of the runner's caches (offload.apply.bind_runner). Host copies are allocated on first use (pinned on
+CUDA, so the copies are DMA). The scheduler decides what moves (SchedulerOutput.blocks_to_swap_out/_in,
+engine/kv_swap.py keeps the host ids); the engine calls swap_out/swap_in before each forward pass.
 """
 from __future__ import annotations
 
+import numpy as np
+
+
+def _host_like(cache, num_blocks: int):
+    """An all-zero host array of num_blocks blocks shaped like one layer's cache."""
+    shape = (num_blocks, *cache.shape[1:])
+    if isinstance(cache, np.ndarray):
+        return np.zeros(shape, dtype=cache.dtype)
+    import torch
+    return torch.zeros(shape, dtype=cache.dtype, pin_memory=cache.device.type == "cuda")
+
+
+def _copy_blocks(src, src_ids: list[int], dst, dst_ids: list[int]) -> None:
+    """dst[dst_ids[j]] = src[src_ids[j]]; numpy to numpy or torch to torch (any devices)."""
+    if isinstance(src, np.ndarray):
+        dst[dst_ids] = src[src_ids]
+        return
+    import torch
+    rows = src.index_select(0, torch.as_tensor(src_ids, device=src.device))
+    # Host -> device may be asynchronous (same stream as the forward); device -> host must be finished.
+    rows = rows.to(dst.device, non_blocking=dst.device.type != "cpu")
+    dst.index_copy_(0, torch.as_tensor(dst_ids, device=dst.device), rows)
+
 
 class HostKVTier:
-    """num_blocks RAM blocks shaped like the device caches of `layers` (layer index -> (k_cache, v_cache))."""
+    """num_blocks RAM blocks shaped like the caches of `layers` (layer index -> (k_cache, v_cache)), each a
+    torch tensor on any device or a numpy array."""
 
     def __init__(self, num_blocks: int, layers: dict):
         self.num_blocks = int(num_blocks)
@@ -20,22 +46,23 @@ class HostKVTier:
     def allocated(self) -> bool:
         return self._host is not None
 
+    def bind(self, layers: dict) -> None:
+        """Covers these layers instead (before first use: host copies are shaped after them)."""
+        if self._host is not None:
+            raise RuntimeError("the RAM tier is already allocated for other layers")
+        self.layers = dict(layers)
+
     def nbytes(self) -> int:
         total = 0
         for k, _ in self.layers.values():
-            total += 2 * self.num_blocks * k[0].numel() * k.element_size()
+            per_block = k[0].nbytes if isinstance(k, np.ndarray) else k[0].numel() * k.element_size()
+            total += 2 * self.num_blocks * per_block
         return total
 
     def _ensure(self) -> dict:
         if self._host is None:
-            import torch
-            host = {}
-            for i, (k, v) in self.layers.items():
-                pin = k.device.type == "cuda"
-                shape = (self.num_blocks, *k.shape[1:])
-                host[i] = (torch.zeros(shape, dtype=k.dtype, pin_memory=pin),
-                           torch.zeros(shape, dtype=v.dtype, pin_memory=pin))
-            self._host = host
+            self._host = {i: (_host_like(k, self.num_blocks), _host_like(v, self.num_blocks))
+                          for i, (k, v) in self.layers.items()}
         return self._host
 
     def _check(self, device_ids, host_ids) -> tuple[list[int], list[int]]:
@@ -47,23 +74,21 @@ class HostKVTier:
         return d, h
 
     def swap_out(self, device_ids, host_ids) -> None:
-        """Copies device blocks device_ids[j] -> RAM blocks host_ids[j], in every device-KV layer."""
-        import torch
+        """Copies device blocks device_ids[j] -> RAM blocks host_ids[j], in every layer."""
         d, h = self._check(device_ids, host_ids)
+        if not d:
+            return
         host = self._ensure()
         for i, (k, v) in self.layers.items():
-            di = torch.as_tensor(d, device=k.device)
-            hi = torch.as_tensor(h)
-            host[i][0].index_copy_(0, hi, k.index_select(0, di).cpu())
-            host[i][1].index_copy_(0, hi, v.index_select(0, di).cpu())
+            _copy_blocks(k, d, host[i][0], h)
+            _copy_blocks(v, d, host[i][1], h)
 
     def swap_in(self, host_ids, device_ids) -> None:
-        """Copies RAM blocks host_ids[j] -> device blocks device_ids[j], in every device-KV layer."""
-        import torch
+        """Copies RAM blocks host_ids[j] -> device blocks device_ids[j], in every layer."""
         d, h = self._check(device_ids, host_ids)
+        if not d:
+            return
         host = self._ensure()
         for i, (k, v) in self.layers.items():
-            di = torch.as_tensor(d, device=k.device)
-            hi = torch.as_tensor(h)
-            k.index_copy_(0, di, host[i][0].index_select(0, hi).to(k.device, non_blocking=True))
-            v.index_copy_(0, di, host[i][1].index_select(0, hi).to(v.device, non_blocking=True))
+            _copy_blocks(host[i][0], h, k, d)
+            _copy_blocks(host[i][1], h, v, d)
