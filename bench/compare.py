@@ -30,11 +30,11 @@ def _prompt_ids(vocab_size: int, n: int, bos: int) -> list[int]:
     return [bos] + [int(t) for t in rng.integers(300, min(vocab_size, 30000), n - 1)]
 
 
-def worker_ramlm(model, threads, prompt_tokens, gen_tokens) -> dict:
+def worker_ramlm(model, threads, prompt_tokens, gen_tokens, prefill_dtype="float32") -> dict:
     from engine import LLM, SamplingParams
     t0 = time.perf_counter()
     llm = LLM(model=model, num_threads=threads, enable_prefix_caching=False, max_model_len=2048,
-              kv_cache_memory=1.0)
+              kv_cache_memory=1.0, prefill_dtype=prefill_dtype)
     load = time.perf_counter() - t0
     tok = llm.get_tokenizer()
     prompt = _prompt_ids(llm.llm_engine.config.vocab_size, prompt_tokens, tok.bos_token_id)
@@ -85,7 +85,8 @@ def llamacpp_available() -> bool:
 
 def run_worker(engine: str, args) -> dict:
     cmd = [sys.executable, "-m", "bench.compare", "--worker", engine, "--model", args.model, "--threads",
-           str(args.threads), "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens)]
+           str(args.threads), "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
+           "--prefill-dtype", args.prefill_dtype]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"{engine} worker failed:\n{out.stderr[-3000:]}")
@@ -100,13 +101,18 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--worker", choices=["ramlm", "llamacpp"], default=None)
+    ap.add_argument("--prefill-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="ramlm's precision for long prefill chunks")
     args = ap.parse_args(argv)
     if args.model is None:
         from engine.default_model import default_model_path
         args.model = default_model_path()
     if args.worker:
-        fn = worker_ramlm if args.worker == "ramlm" else worker_llamacpp
-        print(json.dumps(fn(args.model, args.threads, args.prompt_tokens, args.gen_tokens)))
+        if args.worker == "ramlm":
+            res = worker_ramlm(args.model, args.threads, args.prompt_tokens, args.gen_tokens, args.prefill_dtype)
+        else:
+            res = worker_llamacpp(args.model, args.threads, args.prompt_tokens, args.gen_tokens)
+        print(json.dumps(res))
         return
     have_peer = llamacpp_available()
     if not have_peer:
@@ -128,7 +134,8 @@ def main(argv=None) -> None:
         line += (f" | llama.cpp pp {fig['llamacpp']['pp']:.1f}, tg {fig['llamacpp']['tg']:.1f}"
                  f" | ratio pp {fig['ratio']['pp']:.2f}x, tg {fig['ratio']['tg']:.2f}x")
     print(line)
-    path = write_result("compare", fig, {"model": args.model, "threads": args.threads, "rounds": runs})
+    path = write_result("compare", fig, {"model": args.model, "threads": args.threads, "rounds": runs,
+                                         "prefill_dtype": args.prefill_dtype})
     print(f"wrote {path}")
 
 

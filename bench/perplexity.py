@@ -3,7 +3,7 @@
 Tokenize the whole text once with BOS, cut it into floor(n / ctx) chunks of ctx tokens, replace each
 chunk's first token by BOS, run each chunk as a fresh sequence and score the second half only.
 
-    python -m bench.perplexity [--model M] [--text FILE] [--ctx 512] [--json OUT]
+    python -m bench.perplexity [--model M] [--text FILE] [--ctx 512] [--json OUT] [--prefill-dtype bfloat16]
 """
 from __future__ import annotations
 
@@ -50,9 +50,10 @@ def main(argv=None) -> None:
     ap.add_argument("--text", default=REFERENCE_TEXT)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--prefill-dtype", choices=["float32", "bfloat16"], default="float32")
     args = ap.parse_args(argv)
     from engine import LLM
-    llm = LLM(model=args.model)
+    llm = LLM(model=args.model, prefill_dtype=args.prefill_dtype)
     with open(args.text, encoding="utf-8") as f:
         res = perplexity(llm, f.read(), args.ctx)
     res["model"] = llm.model_path

@@ -54,11 +54,12 @@ def main(argv=None) -> None:
     ap.add_argument("--no-json", action="store_true")
     ap.add_argument("--only", choices=["both", "prefill", "decode"], default="both")
     ap.add_argument("--batch-invariant", action="store_true", help="measure the batch_invariant mode")
+    ap.add_argument("--prefill-dtype", choices=["float32", "bfloat16"], default="float32")
     args = ap.parse_args(argv)
     from engine import LLM
     t0 = time.perf_counter()
     llm = LLM(model=args.model, num_threads=args.threads, enable_prefix_caching=False,
-              batch_invariant=args.batch_invariant,
+              batch_invariant=args.batch_invariant, prefill_dtype=args.prefill_dtype,
               max_model_len=max(1024, args.prompt_tokens + 16), kv_cache_memory=1.0)
     load_s = time.perf_counter() - t0
     # Warm-up: compiles or loads every kernel signature once.
@@ -69,8 +70,10 @@ def main(argv=None) -> None:
           f"(pp{res['prompt_tokens']}), decode {res['decode_tok_s']:.1f} tok/s (tg{args.gen_tokens}), "
           f"load {load_s:.2f} s, median of {args.repeats}")
     if not args.no_json:
-        name = (args.only if args.only != "both" else "speed") + ("-batch-invariant" if args.batch_invariant else "")
-        path = write_result(name, res, {"model": llm.model_path, "threads": args.threads})
+        name = (args.only if args.only != "both" else "speed") + ("-batch-invariant" if args.batch_invariant else "") \
+            + ("-bf16" if args.prefill_dtype == "bfloat16" else "")
+        path = write_result(name, res, {"model": llm.model_path, "threads": args.threads,
+                                                 "prefill_dtype": args.prefill_dtype})
         print(f"wrote {path}")
 
 

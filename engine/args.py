@@ -32,6 +32,10 @@ class EngineArgs:
     enable_chunked_prefill: bool = field(default=True, metadata=_meta("split long prompts over steps"))
     batch_invariant: bool = field(default=False, metadata=_meta(
         "identical results whatever the batch, chunking or cache state (slower prefill)"))
+    prefill_dtype: str = field(default="float32", metadata=_meta(
+        "precision of long prefill chunks: float32 (agrees with decode's kernels to rounding order) or "
+        "bfloat16 (oneDNN's bf16 GEMM: faster prefill, about 0.2 percent relative error per matmul output)",
+        choices=("float32", "bfloat16")))
     seed: int = field(default=0, metadata=_meta("seed of the engine's sampler"))
     num_threads: Optional[int] = field(default=None, metadata=_meta("CPU threads for the kernels (default: all cores)"))
     chat_template: Optional[str] = field(default=None, metadata=_meta("Jinja chat template file or string"))
@@ -59,6 +63,12 @@ class EngineArgs:
     devices_file: Optional[str] = field(default=None, metadata=_meta(
         "JSON description of RAM and GPUs used instead of probing (planning for another machine, tests)"))
 
+    def __post_init__(self):
+        for f in fields(self):
+            allowed = f.metadata.get("choices")
+            if allowed and getattr(self, f.name) not in allowed:
+                raise ValueError(f"{f.name} must be one of {', '.join(allowed)}, got {getattr(self, f.name)!r}")
+
     def resolved_model(self) -> str:
         if self.model:
             return self.model
@@ -79,7 +89,8 @@ class EngineArgs:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
                                     help=f.metadata.get("help", ""))
             else:
-                parser.add_argument(flag, type=base, default=f.default, help=f.metadata.get("help", ""))
+                parser.add_argument(flag, type=base, default=f.default, help=f.metadata.get("help", ""),
+                                    choices=f.metadata.get("choices"))
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> "EngineArgs":

@@ -74,6 +74,7 @@ def load_everything(args: EngineArgs) -> Loaded:
     with ThreadPoolExecutor(1, thread_name_prefix="ramlm-tokenizer") as pool:
         tok_future = pool.submit(load_tokenizer, args, ws)
         model, cfg = load_model(path, batch_invariant=args.batch_invariant, weights=ws)
+        model.prefill_dtype = args.prefill_dtype
         tokenizer = tok_future.result()
     max_model_len = args.max_model_len or cfg.max_position_embeddings
     if max_model_len > cfg.max_position_embeddings:

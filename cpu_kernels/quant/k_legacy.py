@@ -4,7 +4,7 @@ gemv_*(packed..., x f32 (M, K), out f32 (M, N)): out = x @ W^T with Q8 activatio
 parallel; each (m, n) is reduced in the same order whatever M is, so a row's result does not depend
 on the batch. deq_*(packed..., rows int64 (T,), out f32 (T, K)): out[t] = W[rows[t]] in float32,
 with the same float32 operations as gguf's numpy dequantize; out may also be uint16 (T, K), which
-receives the values rounded to bfloat16 bits (for a bf16 matmul; QuantLinear does not use it now).
+receives the values rounded to bfloat16 bits (QuantLinear's bfloat16 prefill path).
 Layouts: see repack.py.
 """
 from __future__ import annotations

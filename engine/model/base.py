@@ -16,6 +16,7 @@ class DecoderModel:
     """Subclasses build `self.blocks` (callables (x, meta, kv) -> x) in `build_blocks`."""
 
     embed_scale: bool = False  # Gemma multiplies embeddings by sqrt(hidden_size)
+    prefill_dtype: str = "float32"  # the dense path's precision for long prefill chunks (EngineArgs.prefill_dtype)
 
     def __init__(self, config: ModelConfig, weights, batch_invariant: bool = False):
         self.config = config
@@ -40,7 +41,7 @@ class DecoderModel:
     def forward(self, meta: BatchMetadata, kv_caches: list) -> np.ndarray:
         """Runs all blocks over the flattened batch; returns hidden states (T, H) before the final norm."""
         x = self.embed_tokens(meta.input_ids)
-        layers.ROWS = layers.RowGroups(meta.query_start_loc)
+        layers.ROWS = layers.RowGroups(meta.query_start_loc, self.prefill_dtype)
         try:
             for block, kv in zip(self.blocks, kv_caches):
                 x = block(x, meta, kv)

@@ -48,7 +48,8 @@ class RowGroups:
     rows of short groups (decodes, small chunks) all run the per-row GEMV kernel, and each long prefill
     chunk takes the dense path on its own rows only. Set by DecoderModel.forward for one pass."""
 
-    def __init__(self, query_start_loc: np.ndarray | None = None):
+    def __init__(self, query_start_loc: np.ndarray | None = None, dense_dtype: str = "float32"):
+        self.dense_dtype = dense_dtype  # precision of the long chunks' dense path (QuantLinear.DENSE_DTYPES)
         self.num_rows = -1
         self.small = None
         self.large: list[tuple[int, int]] = []
@@ -102,13 +103,13 @@ class Linear:
         elif not rows.large:  # decodes and short chunks only
             y = w.matmul(x, batch_invariant=True)
         elif len(rows.large) == 1 and not rows.small.size:  # one long prefill chunk
-            y = w.matmul(x)
+            y = w.matmul(x, dense_dtype=rows.dense_dtype)
         else:
             y = np.empty((x.shape[0], w.N), np.float32)
             if rows.small.size:
                 y[rows.small] = w.matmul(x[rows.small], batch_invariant=True)
             for a, b in rows.large:
-                y[a:b] = w.matmul(x[a:b])
+                y[a:b] = w.matmul(x[a:b], dense_dtype=rows.dense_dtype)
         if self.bias is not None:
             y += self.bias
         return y

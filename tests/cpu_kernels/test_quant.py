@@ -95,8 +95,8 @@ def test_matmul_matches_float64(case, M):
 
 @pytest.mark.parametrize("t", [Q.Q8_0, Q.Q4_K, Q.F16], ids=lambda t: t.name)
 def test_dequantize_to_bf16_bits(t):
-    """Dequantizing into uint16 gives gguf's values rounded to bfloat16 (nearest even); unused by
-    QuantLinear, so only a few formats compile it here."""
+    """Dequantizing into uint16 gives gguf's values rounded to bfloat16 (nearest even), what the
+    bfloat16 prefill path multiplies."""
     for N, K in shapes(t):
         w, raw, deq = make(t, N, K)
         lin = QuantLinear.from_raw(t, raw, (N, K))
@@ -105,6 +105,24 @@ def test_dequantize_to_bf16_bits(t):
         lin.fmt.dequant(*lin.packed, rows, out)
         want = gguf.quants.quantize(np.ascontiguousarray(deq[rows]), Q.BF16).view(np.uint16).reshape(3, K)
         np.testing.assert_array_equal(out, want)
+
+
+def test_bf16_prefill_matches_float64(case):
+    """The bfloat16 dense path: inputs and outputs rounded to bf16 (2**-9 relative each), and really taken."""
+    t, cases = case
+    for N, K, w, raw, deq in cases:
+        lin = QuantLinear.from_raw(t, raw, (N, K))
+        x = np.random.default_rng(5).standard_normal((GEMV_MAX_M + 9, K)).astype(np.float32)
+        ref = x.astype(np.float64) @ deq.astype(np.float64).T
+        got = lin.matmul(x, dense_dtype="bfloat16")
+        assert got.shape == (x.shape[0], N) and got.dtype == np.float32
+        assert rel_err(got, ref) < 2e-2, (t.name, rel_err(got, ref))
+        assert not np.array_equal(got, lin.matmul(x))  # not the float32 path
+        bf16_bits = got.view(np.uint32) & 0xFFFF
+        assert not bf16_bits.any()  # every output is a bfloat16 value: torch's bf16 GEMM ran
+        np.testing.assert_array_equal(lin.matmul(x[:3], dense_dtype="bfloat16"), lin.matmul(x[:3]))  # GEMV rows
+    with pytest.raises(ValueError, match="dense_dtype"):
+        lin.matmul(x, dense_dtype="float16")
 
 
 def test_prefill_in_several_tiles(monkeypatch):

@@ -15,9 +15,11 @@ PPL = os.path.join(REF_DIR, "gemma3-270m-perplexity.json")
 pytestmark = pytest.mark.skipif(not os.path.exists(GREEDY), reason="../shared/reference is not beside the repo")
 
 
-@pytest.fixture(scope="module")
-def llm():
-    return LLM(max_model_len=1024)
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def llm(request):
+    """Both prefill precisions must meet llama.cpp's reference (prompts here are longer than GEMV_MAX_M,
+    so their rows take the dense path)."""
+    return LLM(max_model_len=1024, prefill_dtype=request.param)
 
 
 @pytest.fixture(scope="module")
