@@ -2,11 +2,12 @@
 
     python -m bench.offload MODEL [--device cuda:0|cpu] [--layers 0,8,16,24,all] [--kv gpu,ram]
         [--batch 1,4] [--prompt-tokens 128] [--gen-tokens 16] [--weight-dtype auto] [--budget GiB]
-        [--time-limit S] [--no-json] [--no-chart]
+        [--time-limit S] [--out FILE.json] [--no-json] [--no-chart]
 
 Loads the model once, then for each placement (GPU layers 0..all, KV on the GPU or in RAM) plans it,
 applies it, times a prefill of B prompts and G decode steps of B sequences through the runner, and undoes
-it. Prints a table, writes JSON (bench/results/offload-*.json) and a PNG chart when matplotlib is there.
+it. Prints a table, writes JSON (bench/results/offload-*.json, or --out) and next to it a PNG chart
+(tokens/s and memory per device for each placement) when matplotlib is installed (the `bench` extra).
 With --budget GiB it recommends the fastest placement whose GPU memory fits. `--device cpu` runs the GPU
 path on torch's CPU device (a machine without a GPU; the numbers then say nothing about GPUs).
 """
@@ -20,7 +21,8 @@ import time
 
 import numpy as np
 
-from bench.common import RESULTS, write_result
+from bench.common import write_result
+from bench.offload_chart import chart
 
 GIB = 1 << 30
 
@@ -100,6 +102,11 @@ def measure(model, p, args, batches, vocab: int) -> list[dict]:
     return rows
 
 
+def kv_blocks(batches: list[int], args) -> int:
+    """Blocks for the largest batch (null block included), and at least the warm-up's two."""
+    return max(max(batches) * math.ceil((args.prompt_tokens + args.gen_tokens) / 16) + 1, 3)
+
+
 def recommend(rows: list[dict], budget_gib: float | None) -> dict | None:
     if budget_gib is None or not rows:
         return None
@@ -123,32 +130,6 @@ def print_table(rows: list[dict]) -> None:
               f"{r['ram_planned_bytes'] / GIB:>8.2f}G  {','.join(r['formats'])}")
 
 
-def chart(rows: list[dict], path: str) -> str | None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no chart (pip install matplotlib)")
-        return None
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    panels = (("decode_tok_s", axes[0], "decode tokens/s"), ("prefill_tok_s", axes[1], "prefill tokens/s"))
-    for key, ax, label in panels:
-        for kv in ("gpu", "ram"):
-            for b in sorted({r["batch"] for r in rows}):
-                pts = sorted((r["gpu_layers"] + r["output_on_gpu"] * 0.5, r[key]) for r in rows
-                             if r["batch"] == b and (r["kv"] == kv or r["gpu_layers"] == 0))
-                if len(pts) > 1:
-                    ax.plot(*zip(*pts), marker="o", label=f"KV {kv}, batch {b}")
-        ax.set_xlabel("layers on the GPU (+0.5: output matrix too)")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
@@ -164,6 +145,7 @@ def main(argv=None) -> None:
     ap.add_argument("--budget", type=float, default=None, help="GiB of GPU memory: recommend the fastest fit")
     ap.add_argument("--time-limit", type=float, default=None, help="seconds: skip the configs left after this")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default=None, help="JSON file to write (the PNG goes next to it)")
     ap.add_argument("--no-json", action="store_true")
     ap.add_argument("--no-chart", action="store_true")
     args = ap.parse_args(argv)
@@ -195,7 +177,7 @@ def main(argv=None) -> None:
                      kv_offload=kv_off, gpu_weight_dtype=args.weight_dtype, block_size=16,
                      max_model_len=args.prompt_tokens + args.gen_tokens + 16, max_num_seqs=max(batches),
                      max_num_batched_tokens=max(batches) * args.prompt_tokens,
-                     num_gpu_blocks_override=max(batches) * math.ceil((args.prompt_tokens + args.gen_tokens) / 16) + 1)
+                     num_gpu_blocks_override=kv_blocks(batches, args))
         except ValueError as e:
             print(f"{label}: does not fit ({e})")
             skipped.append(label)
@@ -220,10 +202,10 @@ def main(argv=None) -> None:
     extra = {"model": args.model, "device": "torch-cpu" if cpu_dev else (args.device or devices.gpus[0].name),
              "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens, "skipped": skipped}
     if not args.no_json:
-        path = write_result("offload", {"rows": rows, "recommendation": rec}, extra)
+        path = write_result("offload", {"rows": rows, "recommendation": rec}, extra, path=args.out)
         print(f"wrote {path}")
-        if not args.no_chart:
-            png = chart(rows, os.path.join(RESULTS, os.path.basename(path)[:-5] + ".png"))
+        if not args.no_chart and rows:
+            png = chart(rows, os.path.splitext(path)[0] + ".png", f"{meta.name} on {extra['device']}")
             if png:
                 print(f"wrote {png}")
 

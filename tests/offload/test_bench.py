@@ -1,7 +1,13 @@
 """`ramlm bench offload` sweeps placements of a tiny model on torch's CPU device and recommends one."""
 from __future__ import annotations
 
+import json
+import sys
+
+import pytest
+
 from bench import offload as bench_offload
+from bench.offload_chart import SIZE_PX
 from tests.model.tiny_models import tiny_model
 
 
@@ -23,3 +29,41 @@ def test_recommendation_picks_the_fastest_fit():
     rec = bench_offload.recommend(rows, 8)
     assert (rec["n_gpu_layers"], rec["kv_offload"]) == ("32", True)
     assert bench_offload.recommend(rows, None) is None
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama_chart")
+    tiny_model("llama").save_pretrained(folder, safe_serialization=True)
+    return str(folder)
+
+
+def sweep(folder, out) -> None:
+    """Two placements (all on the CPU; every layer and the KV on torch's device), batch 1."""
+    bench_offload.main([folder, "--device", "cpu", "--layers", "0,all", "--kv", "gpu", "--batch", "1",
+                        "--prompt-tokens", "8", "--gen-tokens", "2", "--out", str(out)])
+
+
+def test_sweep_draws_a_png_next_to_the_json(tiny_llama, tmp_path):
+    pytest.importorskip("matplotlib")
+    from PIL import Image  # a matplotlib dependency
+    out = tmp_path / "sweep.json"
+    sweep(tiny_llama, out)
+    rows = json.loads(out.read_text())["figures"]["rows"]
+    assert [(r["n_gpu_layers"], r["kv"]) for r in rows] == [("0", "gpu"), ("all", "gpu")]
+    png = out.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    img = Image.open(png)
+    img.verify()
+    img = Image.open(png)
+    assert img.size == SIZE_PX
+    assert len(img.convert("RGB").getcolors(maxcolors=1 << 20)) > 20  # bars, text, axes: not a blank canvas
+
+
+def test_without_matplotlib_the_json_is_still_written(tiny_llama, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    out = tmp_path / "sweep.json"
+    sweep(tiny_llama, out)
+    assert "matplotlib is not installed, so no chart was drawn" in capsys.readouterr().out
+    assert len(json.loads(out.read_text())["figures"]["rows"]) == 2
+    assert not out.with_suffix(".png").exists()
