@@ -1,5 +1,8 @@
 """Weights and linear layers on a torch device: dense (dequantized once), packed (GGUF blocks kept in
 device memory, dequantized tile by tile at each call) or streamed (kept in RAM, copied in per call).
+
+Packed block formats with few rows run the Triton kernel (triton_qmatmul.py, dequantized in registers)
+where triton_dispatch allows it; everything else is torch.
 """
 from __future__ import annotations
 
@@ -9,11 +12,15 @@ import gguf
 import numpy as np
 import torch
 
-from gpu_kernels.dequant import FLOAT_TYPES, dequantize_rows, has_device_dequant
+from gpu_kernels import triton_dispatch
+from gpu_kernels.dequant import DEQUANT, FLOAT_TYPES, dequantize_rows, has_device_dequant
 
 Q = gguf.GGMLQuantizationType
 TILE_ELEMS = 1 << 24       # weights dequantized per step on the packed path (32 MiB in bf16)
 UPLOAD_TILE_ELEMS = 1 << 24  # rows dequantized on the host per upload step when placing dense weights
+# Rows up to which the in-kernel dequantizing Triton matmul replaces dequantize-then-matmul: one row tile
+# reads each weight once; past it every row tile dequantizes again (a first guess, not yet timed on a GPU).
+TRITON_MAX_M = 64
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -50,6 +57,7 @@ class DeviceWeight:
         self.data, self.kind, self.ggml_type, self.N, self.K = data, kind, ggml_type, N, K
         self.device, self.compute_dtype = device, compute_dtype
         self.streamed = streamed or data.device != device
+        self.block_packed = kind == "packed" and Q(ggml_type) in DEQUANT  # what the Triton matmul takes
 
     @property
     def nbytes(self) -> int:
@@ -92,6 +100,18 @@ class DeviceWeight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x f32 (M, K) -> x @ W^T f32 (M, N)."""
+        if self.block_packed and x.shape[0] <= TRITON_MAX_M:
+            return triton_dispatch.run("qmatmul", self.device, lambda: self.matmul_triton(x),
+                                       lambda: self.matmul_torch(x))
+        return self.matmul_torch(x)
+
+    def matmul_triton(self, x: torch.Tensor) -> torch.Tensor:
+        """x f32 (M, K) -> x @ W^T f32 (M, N) by the Triton kernel (packed block formats only)."""
+        from gpu_kernels.triton_qmatmul import qmatmul
+        return qmatmul(x, self.on_device(), self.ggml_type, self.K, self.compute_dtype)
+
+    def matmul_torch(self, x: torch.Tensor) -> torch.Tensor:
+        """x f32 (M, K) -> x @ W^T f32 (M, N) with torch ops only."""
         data = self.on_device()
         xc = x.to(self.compute_dtype)
         if self.kind == "dense":

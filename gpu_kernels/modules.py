@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from gpu_kernels import attention as dattn
-from gpu_kernels import ops
+from gpu_kernels import ops, triton_dispatch
 
 
 def vector(a, device) -> torch.Tensor:
@@ -81,7 +81,8 @@ class DeviceBatch:
         self.block_tables = torch.as_tensor(np.asarray(meta.block_tables, np.int64), device=device)
         self.query_start_loc = np.asarray(meta.query_start_loc)
         self.seq_lens = np.asarray(meta.seq_lens)
-        self._rope: dict = {}  # per-step caches: RoPE tables, attention groups
+        self.decode = bool((np.diff(self.query_start_loc) <= 1).all())  # one query row per sequence at most
+        self._rope: dict = {}  # per-step caches: RoPE tables, attention groups, the Triton row layout
 
     def attention_groups(self, Hq: int, Hkv: int, D: int, block_size: int) -> list:
         key = ("attn", Hq, Hkv, D, block_size)
@@ -89,6 +90,12 @@ class DeviceBatch:
             self._rope[key] = dattn.plan_groups(self.query_start_loc, self.seq_lens, Hq, Hkv, D, block_size,
                                                 self.device)
         return self._rope[key]
+
+    def row_layout(self):
+        if "rows" not in self._rope:
+            from gpu_kernels.triton_attention import RowLayout
+            self._rope["rows"] = RowLayout(self.query_start_loc, self.seq_lens, self.device)
+        return self._rope["rows"]
 
     def rope(self, key, inv_freq: torch.Tensor, mscale: float):
         if key not in self._rope:
@@ -141,7 +148,8 @@ class DeviceMoE:
 class DeviceAttention:
     """Attention of one layer on the device. KV: the runner's pair when it holds tensors, else this
     layer's own device cache, else (kv_on_host: --kv-offload) the runner's numpy cache, with write_kv and
-    paged attention run by cpu_kernels in RAM, as llama.cpp does for its -nkvo."""
+    paged attention run by cpu_kernels in RAM, as llama.cpp does for its -nkvo. Decode batches run the
+    Triton kernel where triton_dispatch allows it; prefill chunks the torch one, which batches their rows."""
 
     def __init__(self, src, q, k, v, o, q_norm, k_norm, ctx: DeviceContext, kv_cache=None, kv_on_host=False):
         self.q, self.k, self.v, self.o, self.q_norm, self.k_norm = q, k, v, o, q_norm, k_norm
@@ -175,10 +183,22 @@ class DeviceAttention:
         if batch.rows is not None:
             k, v = k.index_select(0, batch.rows), v.index_select(0, batch.rows)
         dattn.write_kv(k, v, k_cache, v_cache, batch.slots)
-        groups = batch.attention_groups(hq, hkv, d, k_cache.shape[1])
-        out = dattn.paged_attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
-                                    self.scale, self.sliding_window, self.softcap, groups=groups)
+        if batch.decode:
+            out = triton_dispatch.run("paged_attention", q.device, lambda: self._triton(q, k_cache, v_cache, batch),
+                                      lambda: self._torch(q, k_cache, v_cache, batch))
+        else:
+            out = self._torch(q, k_cache, v_cache, batch)
         return self.o(out.reshape(t, hq * d))
+
+    def _torch(self, q, k_cache, v_cache, batch: DeviceBatch) -> torch.Tensor:
+        groups = batch.attention_groups(self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1])
+        return dattn.paged_attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
+                                     self.scale, self.sliding_window, self.softcap, groups=groups)
+
+    def _triton(self, q, k_cache, v_cache, batch: DeviceBatch) -> torch.Tensor:
+        from gpu_kernels.triton_attention import paged_attention_rows
+        return paged_attention_rows(q, k_cache, v_cache, batch.row_layout(), batch.block_tables, self.scale,
+                                    self.sliding_window, self.softcap)
 
     def _host_attention(self, q, k, v, meta, kv) -> np.ndarray:
         from cpu_kernels import attention as cattn
