@@ -154,16 +154,25 @@ def test_undo_restores_the_cpu_model(tiny):
         np.testing.assert_array_equal(got, want)
 
 
-def test_kv_blocks_round_trip_through_the_ram_tier(tiny):
-    """Prefill, swap the sequence's device blocks out to the RAM tier, wipe them, swap them back into other
-    block ids, and decode: the same logits as without the trip."""
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+
+
+@pytest.mark.parametrize("device,layers", [("cpu", "all"), ("cpu", "half"),
+                                           pytest.param("cuda:0", "half", marks=CUDA)],
+                         ids=["all", "mixed", "cuda-mixed"])
+def test_kv_blocks_round_trip_through_the_ram_tier(tiny, device, layers):
+    """Prefill, swap the sequence's blocks out to the RAM tier, wipe them, swap them back into other block
+    ids, and decode: the same logits as without the trip. In a mixed placement the RAM layers' numpy KV
+    travels too (the block ids are shared by every layer)."""
     from engine.runner import SeqChunk
     arch, folder, _, L = tiny
+    ngl = half(L) if layers == "half" else "all"
     prompt = PROMPTS[0]
-    _, ref, _, _ = placed(folder, kv="fp16", n_gpu_layers="all")
-    _, runner, p, placement = placed(folder, kv="fp16", n_gpu_layers="all", num_cpu_blocks=8)
+    _, ref, _, _ = placed(folder, kv="fp16", n_gpu_layers=ngl, gpu_device=device)
+    _, runner, p, placement = placed(folder, kv="fp16", n_gpu_layers=ngl, gpu_device=device, num_cpu_blocks=8)
     tier = placement.kv_tier
     assert p.kv.num_cpu_blocks == 8 and tier is not None and not tier.allocated
+    assert sorted(tier.layers) == list(range(L))
     old, new = (1, 2, 3, 4), (9, 10, 11, 12)  # 13 tokens in 4-token blocks
     ref.execute([SeqChunk(tuple(prompt[:12]), 0, old, "none")])
     want = ref.execute([SeqChunk((prompt[12],), 12, old, "last")])[0]
@@ -195,9 +204,6 @@ def test_override_tensor_keeps_matches_in_ram(tmp_path_factory):
     for got, want in zip(batched(runner2), ref):
         assert rel_err(got, want) < 1e-4
     assert PROMPTS  # the helpers' prompts were used
-
-
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 
 
 @CUDA
