@@ -6,6 +6,7 @@ import threading
 import numpy as np
 
 from .registry import QuantFormat, get_format
+from .threads import SERIAL_WORK, serial_if
 
 # Up to this many rows, matmul runs the GEMV kernel per row (weights read from DRAM once, reused from
 # L1 for every row); above it, weight tiles are dequantized to float32 and multiplied by torch.
@@ -16,7 +17,24 @@ GEMV_MAX_M = 32
 TILE_ELEMS = 1 << 23
 # Precisions of the dense (prefill) path: float32 agrees with the GEMV to summation order; bfloat16 runs
 # oneDNN's bf16 GEMM (AMX or AVX512-BF16, 3-6x faster here) and rounds inputs and outputs to bf16.
-DENSE_DTYPES = ("float32", "bfloat16")
+DENSE_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def auto_dense_dtype() -> str:
+    """bfloat16 where oneDNN multiplies bf16 natively (AVX512-BF16 or AMX), else float32 (emulated bf16
+    would be slower than float32)."""
+    global _AUTO
+    if _AUTO is None:
+        import torch
+        try:
+            native = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            native = False
+        _AUTO = "bfloat16" if native else "float32"
+    return _AUTO
+
+
+_AUTO = None
 
 
 _scratch = threading.local()
@@ -64,6 +82,20 @@ class QuantLinear:
         raw = raw.reshape(N, -1)
         return cls(fmt, tuple(fmt.repack(raw, K)), N, K)
 
+    @classmethod
+    def stack(cls, parts: list["QuantLinear"]) -> "QuantLinear":
+        """One weight holding parts' rows one after another (same format and K): one kernel launch
+        computes every part's outputs, each row exactly as its own part's kernel would."""
+        fmt, K = parts[0].fmt, parts[0].K
+        if any(p.fmt is not fmt or p.K != K for p in parts):
+            raise ValueError("stack: parts must share the format and K")
+        packed = tuple(np.concatenate(arrs, axis=0) for arrs in zip(*(p.packed for p in parts)))
+        return cls(fmt, packed, sum(p.N for p in parts), K)
+
+    def rows(self, lo: int, hi: int) -> "QuantLinear":
+        """The weight of rows lo:hi as views of this one's packed arrays (no copy)."""
+        return QuantLinear(self.fmt, tuple(a[lo:hi] for a in self.packed), hi - lo, self.K)
+
     def __repr__(self) -> str:
         return f"QuantLinear({self.ggml_type.name}, N={self.N}, K={self.K}, {self.nbytes / 2**20:.1f} MiB)"
 
@@ -88,8 +120,10 @@ class QuantLinear:
             pass
         elif batch_invariant or M <= GEMV_MAX_M:
             self.fmt.gemv(*self.packed, x2, y)
-        elif dense_dtype == "bfloat16":
+        elif dense_dtype == "bfloat16" or (dense_dtype == "auto" and auto_dense_dtype() == "bfloat16"):
             self._matmul_bf16(x2, y)
+        elif dense_dtype == "auto":
+            self._matmul_dense(x2, y)
         elif dense_dtype == "float32":
             self._matmul_dense(x2, y)
         else:
@@ -155,7 +189,8 @@ class QuantLinear:
             raise IndexError(f"embed: ids must lie in [0, {self.N}), got {ids.min()}..{ids.max()}")
         out = np.empty((ids.shape[0], self.K), np.float32)
         if ids.size:
-            self.fmt.dequant(*self.packed, ids, out)
+            with serial_if(out.nbytes < SERIAL_WORK):  # one decode token's row: no parallel launch
+                self.fmt.dequant(*self.packed, ids, out)
         return out
 
 

@@ -16,7 +16,7 @@ class DecoderModel:
     """Subclasses build `self.blocks` (callables (x, meta, kv) -> x) in `build_blocks`."""
 
     embed_scale: bool = False  # Gemma multiplies embeddings by sqrt(hidden_size)
-    prefill_dtype: str = "float32"  # the dense path's precision for long prefill chunks (EngineArgs.prefill_dtype)
+    prefill_dtype: str = "auto"  # the dense path's precision for long prefill chunks (EngineArgs.prefill_dtype)
 
     def __init__(self, config: ModelConfig, weights, batch_invariant: bool = False):
         self.config = config

@@ -137,6 +137,22 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path}: tensor '{name}': file is closed")
         return raw_view(self._mm, self.info(name))
 
+    def release(self, name: str) -> None:
+        """Tell the kernel this process is done with tensor `name`'s mapped pages (after repacking it): they
+        leave the process's RSS (the page cache keeps them; a later raw() faults them back in). Whole
+        pages inside the tensor only, so a neighbour's pages stay."""
+        if self._mm is None or not hasattr(self._mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        info = self.info(name)
+        page = mmap.PAGESIZE
+        start = -(-info.offset // page) * page
+        end = (info.offset + info.nbytes) // page * page
+        if end > start:
+            try:
+                self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+            except OSError:  # advice only
+                pass
+
     def required(self, names: Iterable[str]) -> None:
         """Raise ModelLoadError naming the missing tensors if any of `names` is absent."""
         missing = [n for n in names if n not in self.tensors]

@@ -1,15 +1,17 @@
 """Building blocks shared by the architecture files: each holds its weights and calls cpu_kernels."""
 from __future__ import annotations
 
-import contextlib
-
-import numba
 import numpy as np
 
 from cpu_kernels import activations, attention, norms, rope
 from cpu_kernels.quant.linear import GEMV_MAX_M, QuantLinear
+from cpu_kernels.quant.threads import SERIAL_WORK, serial_if
 from engine.batch import BatchMetadata
 from engine.model.config import ModelConfig
+
+
+# Formats whose packed arrays are views of the mapped file (stacking would copy them into RAM).
+UNPACKED_FORMATS = ("F32", "F16", "BF16")
 
 
 def vector(ws, name: str) -> np.ndarray:
@@ -24,31 +26,12 @@ def has(ws, name: str) -> bool:
     return name in ws.names()
 
 
-# Kernels with less work than this run on the calling thread alone: a parallel launch costs ~20 us on a
-# quiet machine, and when another process holds a core the barrier waits for a scheduler time slice
-# (measured: gemma-3-270m decode 5.9 tok/s on 2 busy cores against 37.5 on 1 thread).
-SERIAL_WORK = 1 << 21
-
-
-@contextlib.contextmanager
-def serial_if(small: bool):
-    if not small:
-        yield
-        return
-    prev = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(prev)
-
-
 class RowGroups:
     """The current batch's rows grouped by sequence, so that a row's result does not depend on its batch:
     rows of short groups (decodes, small chunks) all run the per-row GEMV kernel, and each long prefill
     chunk takes the dense path on its own rows only. Set by DecoderModel.forward for one pass."""
 
-    def __init__(self, query_start_loc: np.ndarray | None = None, dense_dtype: str = "float32"):
+    def __init__(self, query_start_loc: np.ndarray | None = None, dense_dtype: str = "auto"):
         self.dense_dtype = dense_dtype  # precision of the long chunks' dense path (QuantLinear.DENSE_DTYPES)
         self.num_rows = -1
         self.small = None
@@ -76,6 +59,8 @@ class Linear:
         info = ws.info(name)
         n, k = info.shape[-2], info.shape[-1]
         self.weight = QuantLinear.from_raw(info.ggml_type, ws.raw(name), (n, k))
+        if info.ggml_type.name not in UNPACKED_FORMATS:
+            ws.release(name)  # repacked into RAM: the file's pages need not stay in RSS (peak RSS ~1x the file)
         self.bias = vector(ws, bias) if bias and has(ws, bias) else None
         self.batch_invariant = batch_invariant
 
@@ -98,7 +83,9 @@ class Linear:
 
     def _matmul(self, x: np.ndarray, per_row: bool) -> np.ndarray:
         w, rows = self.weight, ROWS
-        if self.batch_invariant or per_row or not rows.applies_to(x):
+        if x.shape[0] == 1:  # one decode row: the GEMV, whatever the batch says
+            y = w.matmul(x, batch_invariant=True)
+        elif self.batch_invariant or per_row or not rows.applies_to(x):
             y = w.matmul(x, batch_invariant=self.batch_invariant or per_row)
         elif not rows.large:  # decodes and short chunks only
             y = w.matmul(x, batch_invariant=True)
@@ -113,6 +100,52 @@ class Linear:
         if self.bias is not None:
             y += self.bias
         return y
+
+
+class Projections:
+    """Linears that read the same x (q/k/v, gate/up): those sharing a format and K run as one matmul over
+    their weights stacked along N (a launch and a Python call less per part per layer); the parts' own
+    weights then view the stacked rows, so nothing is held twice and the offload layer still sees them."""
+
+    def __init__(self, owner, names: tuple[str, ...]):
+        self.owner, self.names = owner, names
+        self.parts = [getattr(owner, n) for n in names]
+        groups: dict[tuple, list[int]] = {}
+        for i, p in enumerate(self.parts):
+            w = p.weight
+            key = (w.ggml_type, w.K, p.batch_invariant) if w.ggml_type.name not in UNPACKED_FORMATS else (i,)
+            groups.setdefault(key, []).append(i)
+        self.groups = []  # (Linear, [(part index, first column, last column)])
+        for idxs in groups.values():
+            if len(idxs) == 1:
+                p = self.parts[idxs[0]]
+                self.groups.append((p, [(idxs[0], 0, p.out_features)]))
+                continue
+            members = [self.parts[i] for i in idxs]
+            stacked = QuantLinear.stack([m.weight for m in members])
+            fused = Linear.__new__(Linear)
+            fused.weight, fused.batch_invariant = stacked, members[0].batch_invariant
+            fused.bias = None
+            if any(m.bias is not None for m in members):
+                fused.bias = np.concatenate([m.bias if m.bias is not None else np.zeros(m.out_features, np.float32)
+                                             for m in members])
+            spans, lo = [], 0
+            for i, m in zip(idxs, members):
+                hi = lo + m.out_features
+                m.weight = stacked.rows(lo, hi)  # the part now views the stacked rows
+                spans.append((i, lo, hi))
+                lo = hi
+            self.groups.append((fused, spans))
+
+    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
+        if any(getattr(self.owner, n) is not p for n, p in zip(self.names, self.parts)):
+            return [getattr(self.owner, n)(x) for n in self.names]  # a part was replaced (offload override)
+        out = [None] * len(self.parts)
+        for lin, spans in self.groups:
+            y = lin(x)
+            for i, lo, hi in spans:
+                out[i] = y if len(spans) == 1 else y[:, lo:hi]
+        return out
 
 
 class RMSNorm:
@@ -147,12 +180,15 @@ class Attention:
         self.softcap = cfg.attn_logit_softcap
         self.neox = cfg.rope_neox
         self.inv_freq, self.mscale = inv_freq, mscale
+        self.qkv = Projections(self, ("q", "k", "v"))
 
     def __call__(self, x: np.ndarray, meta: BatchMetadata, kv: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         t = x.shape[0]
-        q = self.q(x).reshape(t, self.num_heads, self.head_dim)
-        k = self.k(x).reshape(t, self.num_kv_heads, self.head_dim)
-        v = self.v(x).reshape(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv(x)
+        # Copies when q/k/v are column slices of a stacked output (rope and the KV writer want contiguous rows).
+        q = np.ascontiguousarray(q).reshape(t, self.num_heads, self.head_dim)
+        k = np.ascontiguousarray(k).reshape(t, self.num_kv_heads, self.head_dim)
+        v = np.ascontiguousarray(v).reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         rope.apply_rope(q, meta.positions, self.inv_freq, self.mscale, self.neox)
@@ -175,9 +211,11 @@ class GatedMLP:
         self.up = Linear(ws, prefix + "ffn_up.weight", None, batch_invariant)
         self.down = Linear(ws, prefix + "ffn_down.weight", None, batch_invariant)
         self.act = activations.gelu_tanh_mul if act == "gelu_tanh" else activations.silu_mul
+        self.gate_up = Projections(self, ("gate", "up"))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.down(self.act(self.gate(x), self.up(x)))
+        g, u = self.gate_up(x)
+        return self.down(self.act(np.ascontiguousarray(g), np.ascontiguousarray(u)))
 
 
 def rope_tables(cfg: ModelConfig, theta: float, ws=None) -> tuple[np.ndarray, float]:

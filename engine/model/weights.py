@@ -41,6 +41,9 @@ class WeightSource:
     def __contains__(self, name: str) -> bool:
         return name in set(self.names())
 
+    def release(self, name: str) -> None:
+        """The caller copied tensor `name` (repacked it): its mapped pages may leave RSS. Optional."""
+
     def required(self, names: Iterable[str]) -> None:
         """Raise ModelLoadError naming the tensors of `names` that are missing."""
         have = set(self.names())
@@ -69,6 +72,9 @@ class GGUFWeights(WeightSource):
 
     def raw(self, name: str) -> np.ndarray:
         return self.gguf.raw(name)
+
+    def release(self, name: str) -> None:
+        self.gguf.release(name)
 
 
 def open_weights(path: str | os.PathLike) -> WeightSource:
