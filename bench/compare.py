@@ -30,7 +30,7 @@ def _prompt_ids(vocab_size: int, n: int, bos: int) -> list[int]:
     return [bos] + [int(t) for t in rng.integers(300, min(vocab_size, 30000), n - 1)]
 
 
-def worker_ramlm(model, threads, prompt_tokens, gen_tokens, prefill_dtype="float32") -> dict:
+def worker_ramlm(model, threads, prompt_tokens, gen_tokens, prefill_dtype="auto") -> dict:
     from engine import LLM, SamplingParams
     t0 = time.perf_counter()
     llm = LLM(model=model, num_threads=threads, enable_prefix_caching=False, max_model_len=2048,
@@ -101,7 +101,7 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--worker", choices=["ramlm", "llamacpp"], default=None)
-    ap.add_argument("--prefill-dtype", choices=["float32", "bfloat16"], default="float32",
+    ap.add_argument("--prefill-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                     help="ramlm's precision for long prefill chunks")
     args = ap.parse_args(argv)
     if args.model is None:

@@ -50,7 +50,7 @@ def main(argv=None) -> None:
     ap.add_argument("--text", default=REFERENCE_TEXT)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--prefill-dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--prefill-dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     args = ap.parse_args(argv)
     from engine import LLM
     llm = LLM(model=args.model, prefill_dtype=args.prefill_dtype)

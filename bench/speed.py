@@ -54,7 +54,7 @@ def main(argv=None) -> None:
     ap.add_argument("--no-json", action="store_true")
     ap.add_argument("--only", choices=["both", "prefill", "decode"], default="both")
     ap.add_argument("--batch-invariant", action="store_true", help="measure the batch_invariant mode")
-    ap.add_argument("--prefill-dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--prefill-dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     args = ap.parse_args(argv)
     from engine import LLM
     t0 = time.perf_counter()
@@ -71,7 +71,7 @@ def main(argv=None) -> None:
           f"load {load_s:.2f} s, median of {args.repeats}")
     if not args.no_json:
         name = (args.only if args.only != "both" else "speed") + ("-batch-invariant" if args.batch_invariant else "") \
-            + ("-bf16" if args.prefill_dtype == "bfloat16" else "")
+            + ("" if args.prefill_dtype == "auto" else "-" + args.prefill_dtype)
         path = write_result(name, res, {"model": llm.model_path, "threads": args.threads,
                                                  "prefill_dtype": args.prefill_dtype})
         print(f"wrote {path}")
