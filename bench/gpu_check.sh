@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU checks of hybrid placement (issue 6), one prepared script for a machine with an NVIDIA GPU, < 10 min:
-#   1. gpu_kernels against cpu_kernels on CUDA (pytest -k cuda), and mixed placements of tiny models on CUDA
+#   1. gpu_kernels against cpu_kernels on CUDA (pytest -k cuda), the Triton kernels compiled for this GPU
+#      (tests/gpu_kernels/triton_cases.py, which CPU machines only interpret), mixed placements of tiny models
 #   2. an 8B-shaped synthetic Q4_K_M model (bench/make_synthetic.py): `ramlm plan`, then the offload sweep
+#      (packed weights with the Triton kernels, and again with RAMLM_TRITON=0 to see whether they win)
 #
 # Where the GPU image lacks pure-Python deps (the workplace's H200 image has no `gguf`), first run here:
 #   bash bench/gpu_check.sh --prepare      # copies them into build/gpu_deps (ignored by git)
@@ -46,9 +48,9 @@ missing = [m for m in ("gguf", "numba", "numpy", "psutil", "tokenizers", "jinja2
                        "pytest") if importlib.util.find_spec(m) is None]
 try:
     import triton
-    print("triton", triton.__version__, "(not used yet: every kernel is torch)")
+    print("triton", triton.__version__, "(packed matmuls and decode attention of GPU layers)")
 except ImportError:
-    print("triton: not installed (not needed)")
+    print("triton: not installed (the torch kernels run; the Triton step skips)")
 if missing:
     sys.exit(f"missing Python packages: {missing} (run bash bench/gpu_check.sh --prepare on a machine that has them "
              "and carry build/gpu_deps)")
@@ -65,6 +67,9 @@ EOF
 
 step "CUDA kernel tests (gpu_kernels vs cpu_kernels)"
 timeout 240 $PY -m pytest tests/gpu_kernels -q -k cuda -p no:cacheprovider || status=1
+
+step "Triton kernels compiled for this GPU (against gguf, Numba and the torch path)"
+env -u TRITON_INTERPRET timeout 300 $PY -m pytest tests/gpu_kernels/triton_cases.py -q -rs -p no:cacheprovider || status=1
 
 step "mixed placements of tiny models on CUDA"
 timeout 240 $PY -m pytest tests/offload/test_apply.py -q -k cuda -p no:cacheprovider || status=1
@@ -97,6 +102,10 @@ EOF
     step "offload sweep: packed weights (what an 8 GiB card would hold)"
     timeout 150 $PY -m bench.offload "$MODEL" --device cuda:0 --layers 16,all --kv gpu --batch 1,8 \
         --prompt-tokens 128 --gen-tokens 16 --weight-dtype packed --budget 8 --time-limit 100 || status=1
+
+    step "offload sweep: packed weights with the torch kernels (RAMLM_TRITON=0), to compare with the one above"
+    RAMLM_TRITON=0 timeout 120 $PY -m bench.offload "$MODEL" --device cuda:0 --layers all --kv gpu --batch 1,8 \
+        --prompt-tokens 128 --gen-tokens 16 --weight-dtype packed --budget 8 --time-limit 60 || status=1
     if [[ -n "${OUT:-}" ]]; then
         cp bench/results/offload-*.json bench/results/offload-*.png "$OUT"/ 2>/dev/null || true
     fi

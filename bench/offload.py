@@ -62,6 +62,7 @@ def _peak(dev: str) -> int:
 def measure(model, p, args, batches, vocab: int) -> list[dict]:
     """Applies plan p, times each batch size, undoes the placement."""
     from engine.runner import ModelRunner, SeqChunk
+    from gpu_kernels import triton_dispatch
     from offload.apply import apply_plan
     P, G, bs = args.prompt_tokens, args.gen_tokens, 16
     per_seq = math.ceil((P + G) / bs)
@@ -79,6 +80,7 @@ def measure(model, p, args, batches, vocab: int) -> list[dict]:
             ids = rng.integers(3, vocab, size=(B, P))
             blocks = [tuple(range(1 + s * per_seq, 1 + (s + 1) * per_seq)) for s in range(B)]
             _peak_reset(p.gpu_device or "")
+            launched = dict(triton_dispatch.calls)
             t0 = time.perf_counter()
             logits = runner.execute([SeqChunk(tuple(int(t) for t in ids[s]), 0, blocks[s], "last") for s in range(B)])
             prefill = time.perf_counter() - t0
@@ -94,7 +96,10 @@ def measure(model, p, args, batches, vocab: int) -> list[dict]:
                          "batch": B, "prefill_tok_s": B * P / prefill, "decode_tok_s": B * G / decode,
                          "gpu_peak_bytes": _peak(p.gpu_device or ""), "gpu_planned_bytes": gpu.total if gpu else 0,
                          "ram_planned_bytes": p.usage_of("cpu").total, "apply_s": apply_s,
-                         "formats": sorted({lp.weight_format for lp in p.layers})})
+                         "formats": sorted({lp.weight_format for lp in p.layers}),
+                         # Triton launches per kernel in this batch's prefill + decode ({}: all torch)
+                         "triton": {k: n - launched.get(k, 0) for k, n in triton_dispatch.calls.items()
+                                    if n > launched.get(k, 0)}})
     finally:
         placement.undo()
         del runner
@@ -122,12 +127,12 @@ def recommend(rows: list[dict], budget_gib: float | None) -> dict | None:
 
 def print_table(rows: list[dict]) -> None:
     print(f"{'ngl':>5} {'gpu':>4} {'out':>4} {'kv':>4} {'batch':>5} {'prefill/s':>10} {'decode/s':>9} "
-          f"{'gpu peak':>9} {'gpu plan':>9} {'ram plan':>9}  formats")
+          f"{'gpu peak':>9} {'gpu plan':>9} {'ram plan':>9}  formats (+triton: Triton kernels ran)")
     for r in rows:
         print(f"{r['n_gpu_layers']:>5} {r['gpu_layers']:>4} {'y' if r['output_on_gpu'] else 'n':>4} {r['kv']:>4} "
               f"{r['batch']:>5} {r['prefill_tok_s']:>10.1f} {r['decode_tok_s']:>9.2f} "
               f"{r['gpu_peak_bytes'] / GIB:>8.2f}G {r['gpu_planned_bytes'] / GIB:>8.2f}G "
-              f"{r['ram_planned_bytes'] / GIB:>8.2f}G  {','.join(r['formats'])}")
+              f"{r['ram_planned_bytes'] / GIB:>8.2f}G  {','.join(r['formats'])}{' +triton' if r['triton'] else ''}")
 
 
 def main(argv=None) -> None:
@@ -185,7 +190,8 @@ def main(argv=None) -> None:
         new = measure(model, p, args, batches, cfg.vocab_size)
         for r in new:
             print(f"{label} batch {r['batch']}: prefill {r['prefill_tok_s']:.1f} tok/s, decode "
-                  f"{r['decode_tok_s']:.2f} tok/s, GPU peak {r['gpu_peak_bytes'] / GIB:.2f} GiB", flush=True)
+                  f"{r['decode_tok_s']:.2f} tok/s, GPU peak {r['gpu_peak_bytes'] / GIB:.2f} GiB, Triton "
+                  f"{', '.join(f'{k} x{n}' for k, n in sorted(r['triton'].items())) or 'not used'}", flush=True)
         rows += new
     print()
     print_table(rows)
