@@ -6,7 +6,7 @@ import threading
 import numpy as np
 
 from .registry import QuantFormat, get_format
-from .threads import SERIAL_WORK, serial_if
+from .threads import serial_if, serial_work
 
 # Up to this many rows, matmul runs the GEMV kernel per row (weights read from DRAM once, reused from
 # L1 for every row); above it, weight tiles are dequantized to float32 and multiplied by torch.
@@ -189,7 +189,7 @@ class QuantLinear:
             raise IndexError(f"embed: ids must lie in [0, {self.N}), got {ids.min()}..{ids.max()}")
         out = np.empty((ids.shape[0], self.K), np.float32)
         if ids.size:
-            with serial_if(out.nbytes < SERIAL_WORK):  # one decode token's row: no parallel launch
+            with serial_if(out.nbytes < serial_work()):  # one decode token's row: no parallel launch
                 self.fmt.dequant(*self.packed, ids, out)
         return out
 

@@ -2,11 +2,44 @@
 from __future__ import annotations
 
 import os
+import time
 
-# Kernels with less work than this (bytes touched) run on the calling thread alone: a parallel launch costs
-# ~20 us on a quiet machine, and when another process holds a core the barrier waits for a scheduler time
-# slice (measured: gemma-3-270m decode 5.9 tok/s on 2 busy cores against 37.5 on 1 thread).
-SERIAL_WORK = 1 << 21
+# Kernels with less work than serial_work() bytes run on the calling thread alone. A parallel launch costs
+# ~20 us on a quiet machine, where only tiny kernels should skip the pool (gemma-3-270m decode 66 tok/s at
+# 256 KiB against 52 at 2 MiB); but when another process holds a core every barrier waits for a scheduler
+# time slice (measured 3-6 tok/s against 38 single-threaded), so a busy machine raises the bar.
+QUIET_SERIAL_WORK = 1 << 18
+BUSY_SERIAL_WORK = 1 << 21
+_CHECK_EVERY_S = 0.25   # how often /proc/loadavg is read
+_BUSY_HOLD_S = 2.0      # a busy reading keeps the high bar this long (a snapshot can miss the other process)
+_state = {"checked": -1.0, "busy_until": -1.0, "value": QUIET_SERIAL_WORK}
+
+
+def _runnable_now() -> int | None:
+    """Threads runnable on the whole machine right now (Linux), this one included."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def serial_work() -> int:
+    """The current threshold: RAMLM_SERIAL_WORK if set, else QUIET_ or BUSY_SERIAL_WORK by whether more
+    threads are runnable than this process's kernels have cores."""
+    now = time.monotonic()
+    if now - _state["checked"] >= _CHECK_EVERY_S:
+        _state["checked"] = now
+        forced = os.environ.get("RAMLM_SERIAL_WORK")
+        if forced:
+            _state["value"] = int(forced)
+            return _state["value"]
+        running = _runnable_now()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if running is not None and running > cores:
+            _state["busy_until"] = now + _BUSY_HOLD_S
+        _state["value"] = BUSY_SERIAL_WORK if now < _state["busy_until"] else QUIET_SERIAL_WORK
+    return _state["value"]
 
 
 class serial_if:

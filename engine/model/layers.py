@@ -5,7 +5,7 @@ import numpy as np
 
 from cpu_kernels import activations, attention, norms, rope
 from cpu_kernels.quant.linear import GEMV_MAX_M, QuantLinear
-from cpu_kernels.quant.threads import SERIAL_WORK, serial_if
+from cpu_kernels.quant.threads import serial_if, serial_work
 from engine.batch import BatchMetadata
 from engine.model.config import ModelConfig
 
@@ -78,7 +78,7 @@ class Linear:
 
     def __call__(self, x: np.ndarray, per_row: bool = False) -> np.ndarray:
         """per_row: every row runs the M = 1 kernel (rows of different sequences, e.g. sampled rows)."""
-        with serial_if(self.weight.nbytes * x.shape[0] < SERIAL_WORK):
+        with serial_if(self.weight.nbytes * x.shape[0] < serial_work()):
             return self._matmul(x, per_row)
 
     def _matmul(self, x: np.ndarray, per_row: bool) -> np.ndarray:
@@ -197,7 +197,7 @@ class Attention:
         attention.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         # Work ~ query rows x context x heads x head_dim (a decode over a short context is tiny).
         work = t * int(meta.seq_lens.max()) * self.num_heads * self.head_dim
-        with serial_if(work < SERIAL_WORK):
+        with serial_if(work < serial_work()):
             out = attention.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                             meta.block_tables, self.scale, self.sliding_window, self.softcap)
         return self.o(out.reshape(t, self.num_heads * self.head_dim))
