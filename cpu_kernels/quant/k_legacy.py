@@ -54,9 +54,9 @@ def blk_q4_1(acc, qs, qh, n, b, m, K, xq, xn4, scale):
 
 
 @njit(cache=CACHE)
-def blk_q5_0(acc, qs, qh, n, b, m, K, xq, xn4, scale):
-    init = vshl(load_i32x8(xn4, m * (K // 4) + b * 8), 4)
-    iv = dpbusd(init, nibbles5(qs, n * (K // 2) + b * 16, qh[n, b]), load_u8x32(xq, m * K + b * 32))
+def blk_q5_0(acc, q, qh, n, b, m, K, xq, xn4, scale):
+    init = vshl(load_i32x8(xn4, m * (K // 4) + b * 8), 4)  # Q5_0 is repacked one value per byte
+    iv = dpbusd(init, load_u8x32(q, n * K + b * 32), load_u8x32(xq, m * K + b * 32))
     return muladd(acc, to_f32(iv), scale)
 
 
@@ -160,7 +160,7 @@ def deq_q4_1(qs, d, mn, rows, out):
 
 # Q5_0 / Q5_1 ------------------------------------------------------------------------------------
 @njit(parallel=True, cache=CACHE)
-def gemv_q5_0(qs, qh, d, x, out):
+def gemv_q5_0(q, d, x, out):
     xq, xd, xn4, xs32, xs16 = quantize_act(x)
     M, K = x.shape
     N, nb = d.shape
@@ -171,9 +171,9 @@ def gemv_q5_0(qs, qh, d, x, out):
             for b0 in range(0, nb8, 8):
                 sv = vmul(load_f16x8(d, n * nb + b0), load_f32x8(xd, m * nb + b0))
                 for j in range(8):
-                    acc = blk_q5_0(acc, qs, qh, n, b0 + j, m, K, xq, xn4, bcast(sv, j))
+                    acc = blk_q5_0(acc, q, q, n, b0 + j, m, K, xq, xn4, bcast(sv, j))
             for b in range(nb8, nb):
-                acc = blk_q5_0(acc, qs, qh, n, b, m, K, xq, xn4, f16_to_f32(d[n, b]) * xd[m, b])
+                acc = blk_q5_0(acc, q, q, n, b, m, K, xq, xn4, f16_to_f32(d[n, b]) * xd[m, b])
             out[m, n] = hsum(acc)
 
 
@@ -200,14 +200,14 @@ def gemv_q5_1(qs, qh, d, mn, x, out):
 
 
 @njit(parallel=True, cache=CACHE)
-def deq_q5_0(qs, qh, d, rows, out):
+def deq_q5_0(q, d, rows, out):
     N, nb = d.shape
     K = nb * 32
     for t in prange(rows.shape[0]):
         n = rows[t]
         for b in range(nb):
-            q = i8_to_f32(vsub(nibbles5(qs, n * (K // 2) + b * 16, qh[n, b]), 16))
-            store(out, t * K + b * 32, vmul(q, f16_to_f32(d[n, b])))
+            v = i8_to_f32(vsub(load_u8x32(q, n * K + b * 32), 16))
+            store(out, t * K + b * 32, vmul(v, f16_to_f32(d[n, b])))
 
 
 @njit(parallel=True, cache=CACHE)
