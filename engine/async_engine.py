@@ -46,6 +46,9 @@ class EngineSnapshot:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     num_preemptions: int = 0
+    num_swap_outs: int = 0
+    num_swapped: int = 0
+    cpu_kv_cache_usage: float = 0.0
     num_step_errors: int = 0
 
 
@@ -342,6 +345,8 @@ class AsyncLLMEngine:
                 prefix_cache_hit_rate=kv.prefix_cache_hit_rate, prompt_tokens_total=e.num_prompt_tokens,
                 generation_tokens_total=e.num_generation_tokens,
                 num_preemptions=getattr(st, "num_preemptions", 0),
+                num_swap_outs=st.num_swap_outs, num_swapped=st.num_swapped,
+                cpu_kv_cache_usage=st.cpu_kv_cache_usage,
                 num_step_errors=self.snapshot.num_step_errors)
         except Exception:  # statistics must never take the loop down
             logger.debug("snapshot failed", exc_info=True)

@@ -15,18 +15,26 @@ _BUSY_HOLD_S = 2.0      # a busy reading keeps the high bar this long (a snapsho
 _state = {"checked": -1.0, "busy_until": -1.0, "value": QUIET_SERIAL_WORK}
 
 
-def _runnable_now() -> int | None:
-    """Threads runnable on the whole machine right now (Linux), this one included."""
+def _runnable_elsewhere() -> int | None:
+    """Threads of other processes runnable right now (Linux): the machine's count minus this process's."""
     try:
         with open("/proc/loadavg") as f:
-            return int(f.read().split()[3].split("/")[0])
+            total = int(f.read().split()[3].split("/")[0])
+        own = 0
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    own += f.read().rsplit(")", 1)[1].split()[0] == "R"
+            except OSError:  # the thread ended meanwhile
+                pass
+        return max(0, total - own)
     except (OSError, IndexError, ValueError):
         return None
 
 
 def serial_work() -> int:
-    """The current threshold: RAMLM_SERIAL_WORK if set, else QUIET_ or BUSY_SERIAL_WORK by whether more
-    threads are runnable than this process's kernels have cores."""
+    """The current threshold: RAMLM_SERIAL_WORK if set, else QUIET_ or BUSY_SERIAL_WORK by whether other
+    processes' runnable threads and this process's kernel threads together want more than the cores."""
     now = time.monotonic()
     if now - _state["checked"] >= _CHECK_EVERY_S:
         _state["checked"] = now
@@ -34,9 +42,10 @@ def serial_work() -> int:
         if forced:
             _state["value"] = int(forced)
             return _state["value"]
-        running = _runnable_now()
+        others = _runnable_elsewhere()
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        if running is not None and running > cores:
+        import numba
+        if others is not None and others + numba.get_num_threads() > cores:
             _state["busy_until"] = now + _BUSY_HOLD_S
         _state["value"] = BUSY_SERIAL_WORK if now < _state["busy_until"] else QUIET_SERIAL_WORK
     return _state["value"]

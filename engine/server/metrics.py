@@ -83,6 +83,12 @@ class ServerMetrics:
         metric("ramlm:generation_tokens_total", "counter", "Tokens generated.", snap.generation_tokens_total)
         metric("ramlm:num_preemptions_total", "counter", "Requests preempted for lack of KV blocks.",
                snap.num_preemptions)
+        metric("ramlm:num_requests_swapped", "gauge", "Requests whose KV blocks wait in the RAM tier.",
+               snap.num_swapped)
+        metric("ramlm:cpu_cache_usage_perc", "gauge", "Fraction of the RAM tier's KV blocks in use (--num-cpu-blocks).",
+               snap.cpu_kv_cache_usage)
+        metric("ramlm:num_swap_outs_total", "counter", "Preemptions that swapped KV to the RAM tier.",
+               snap.num_swap_outs)
         metric("ramlm:engine_step_errors_total", "counter", "Engine steps that raised.", snap.num_step_errors)
         name = "ramlm:request_success_total"
         out += [f"# HELP {name} Finished requests by finish reason (abort: client gone or failed step).",

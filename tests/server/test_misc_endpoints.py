@@ -49,6 +49,8 @@ def test_metrics_prometheus_text(http, server):
                        ("ramlm:kv_cache_usage_perc", "gauge"), ("ramlm:prefix_cache_hit_rate", "gauge"),
                        ("ramlm:kv_cache_used_blocks", "gauge"), ("ramlm:prompt_tokens_total", "counter"),
                        ("ramlm:generation_tokens_total", "counter"),
+                       ("ramlm:num_requests_swapped", "gauge"), ("ramlm:cpu_cache_usage_perc", "gauge"),
+                       ("ramlm:num_swap_outs_total", "counter"),
                        ("ramlm:time_to_first_token_seconds", "histogram"),
                        ("ramlm:time_per_output_token_seconds", "histogram")]:
         assert f"# TYPE {name} {kind}\n" in text and f"# HELP {name} " in text
@@ -56,6 +58,7 @@ def test_metrics_prometheus_text(http, server):
     assert after["ramlm:generation_tokens_total"] - before["ramlm:generation_tokens_total"] == 4
     assert after["ramlm:prompt_tokens_total"] >= before["ramlm:prompt_tokens_total"]
     assert 0.0 <= after["ramlm:prefix_cache_hit_rate"] <= 1.0
+    assert after["ramlm:num_requests_swapped"] == 0 and after["ramlm:num_swap_outs_total"] == 0  # no RAM tier here
     assert _sample(text, "ramlm:time_to_first_token_seconds_count") >= 1
     buckets = [float(v) for v in re.findall(r'^ramlm:time_to_first_token_seconds_bucket\{.*le="[^"]+"\} (\S+)$',
                                             text, re.M)]
