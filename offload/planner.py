@@ -329,7 +329,8 @@ class _Planner(SizeModel):
         T = o.max_num_batched_tokens
         cpu_work = T * (4 * m.hidden_size + 3 * max(m.intermediate_size, m.moe_intermediate_size)) * 4
         ram_use = DeviceUsage("cpu", self.ram.free_bytes, ram_w,
-                              blocks * per * kv_by.get("cpu", 0) + tier * per * gpu_kv_layers, cpu_work)
+                              # the tier holds a swapped block's KV in every layer (one block id space)
+                              blocks * per * kv_by.get("cpu", 0) + tier * per * len(layers), cpu_work)
         usage.append(ram_use)
         if g is not None and (gpu_w or gpu_kv_layers or out_gpu):
             dev_use = DeviceUsage(gname, self.budget, gpu_w, blocks * per * gpu_kv_layers,
@@ -345,7 +346,7 @@ class _Planner(SizeModel):
                             + ", ".join(f"{n} layer(s) in {'RAM' if d == 'cpu' else d}" for d, n in kv_by.items())
                             + (" (--kv-offload: attention of GPU layers runs on the CPU over it)" if o.kv_offload
                                and gpu_kv_layers == 0 and len(kv_by) else "")
-                            + (f"; a RAM tier of {tier} blocks ({gib(tier * per * gpu_kv_layers)}) behind the GPU"
+                            + (f"; a RAM tier of {tier} blocks ({gib(tier * per * len(layers))}) behind the GPU"
                                " blocks" if tier else ""))
         self.reasons.append("embedding in RAM: a lookup reads one row per token, nothing to gain on a GPU")
         if g is not None and self.o.wants_gpu():

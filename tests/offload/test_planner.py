@@ -130,6 +130,10 @@ def test_kv_offload_and_cpu_tier(gpu8, llama8b):
     assert t.usage_of("cpu").kv == 512 * t.kv.bytes_per_block_per_layer * 32
     none = plan(llama8b, gpu8, n_gpu_layers="0", num_cpu_blocks=512, **SHORT)
     assert none.kv.num_cpu_blocks == 0
+    # Mixed: the tier holds a swapped block in every layer, RAM-KV layers included.
+    half = plan(llama8b, gpu8, n_gpu_layers="16", num_cpu_blocks=512, **SHORT)
+    per = half.kv.bytes_per_block_per_layer
+    assert half.usage_of("cpu").kv == half.kv.num_blocks * per * 16 + 512 * per * 32
 
 
 def test_cpu_offload_gb_streams_layers(gpu8, llama8b):
