@@ -55,6 +55,7 @@ class LLMEngine:
         self.children: dict[str, ChildState] = {}
         self._child_parent: dict[str, str] = {}
         self._ids = itertools.count()
+        self._torch_started = False
         self._warm_up()
         self.load_seconds = time.perf_counter() - t0
         # Counters for statistics (the server's /metrics reads them).
@@ -65,8 +66,12 @@ class LLMEngine:
         """A dummy short chunk and a decode through every layer, so that the kernels are loaded from
         the JIT cache (or compiled) before the first request, not during it. Only blocks that no
         request holds yet are written; they are overwritten when handed out. torch, which only long
-        prefill chunks use, is imported on a background thread: it alone takes 1.5-3 s here."""
-        threading.Thread(target=_import_torch, name="ramlm-import-torch", daemon=True).start()
+        prefill chunks use, is imported on a background thread after the first step (see step): it alone
+        takes 1.5-3 s here and holds the GIL for much of it (started during the warm-up it stretched the warm-up
+        from 0.7 to 2.5 s; started after it, the first token waited 0.3 s)."""
+        self._warm_up_kernels()
+
+    def _warm_up_kernels(self) -> None:
         from cpu_kernels.quant.linear import GEMV_MAX_M
         bs = self.runner.block_size
         n = min(GEMV_MAX_M, (self.runner.num_blocks - 1) * bs - 1)
@@ -153,6 +158,14 @@ class LLMEngine:
 
     # ---- one step ----
     def step(self) -> list[RequestOutput]:
+        try:
+            return self._step()
+        finally:
+            if not self._torch_started:  # after the first step, so that it never delays a first token
+                self._torch_started = True
+                threading.Thread(target=_import_torch, name="ramlm-import-torch", daemon=True).start()
+
+    def _step(self) -> list[RequestOutput]:
         so = self.scheduler.schedule()
         self._swap(so)  # before the early return: freed device blocks may be reused next step
         if so.is_empty:
