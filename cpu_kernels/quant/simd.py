@@ -327,6 +327,23 @@ def dpbusd(typingctx, acc, a, b):
 
 
 @intrinsic
+def prefetch(typingctx, arr, idx):
+    """A read hint for arr.flat[idx] (may lie past the end: a prefetch never faults)."""
+    if not (isinstance(arr, types.Array) and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i = context.cast(builder, args[1], sig.args[1], types.intp)
+        p = builder.bitcast(_ptr(context, builder, sig.args[0], args[0], i, context.get_data_type(arr.dtype)),
+                            ir.IntType(8).as_pointer())
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [
+            ir.IntType(8).as_pointer(), _I32, _I32, _I32]), "llvm.prefetch.p0i8")
+        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+    return types.none(arr, idx), codegen
+
+
+@intrinsic
 def store(typingctx, arr, idx, v):
     """arr.flat[idx:idx + n] = v (f32 lanes): as float32 into a float32 array, or rounded to
     bfloat16 bits (nearest even, as gguf's BF16 quantizer) into a uint16 array."""
