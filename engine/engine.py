@@ -55,7 +55,7 @@ class LLMEngine:
         self.children: dict[str, ChildState] = {}
         self._child_parent: dict[str, str] = {}
         self._ids = itertools.count()
-        self._torch_started = False
+        self._torch_thread: Optional[threading.Thread] = None
         self._warm_up()
         self.load_seconds = time.perf_counter() - t0
         # Counters for statistics (the server's /metrics reads them).
@@ -66,9 +66,9 @@ class LLMEngine:
         """A dummy short chunk and a decode through every layer, so that the kernels are loaded from
         the JIT cache (or compiled) before the first request, not during it. Only blocks that no
         request holds yet are written; they are overwritten when handed out. torch, which only long
-        prefill chunks use, is imported on a background thread after the first step (see step): it alone
-        takes 1.5-3 s here and holds the GIL for much of it (started during the warm-up it stretched the warm-up
-        from 0.7 to 2.5 s; started after it, the first token waited 0.3 s)."""
+        prefill chunks use, is imported on a background thread once the engine is first idle (see step): it
+        alone takes 1.5-3 s here and holds the GIL for much of it (started during the warm-up it stretched the
+        warm-up from 0.7 to 2.5 s; started after it, the first token waited 0.3 s)."""
         self._warm_up_kernels()
 
     def _warm_up_kernels(self) -> None:
@@ -161,9 +161,20 @@ class LLMEngine:
         try:
             return self._step()
         finally:
-            if not self._torch_started:  # after the first step, so that it never delays a first token
-                self._torch_started = True
-                threading.Thread(target=_import_torch, name="ramlm-import-torch", daemon=True).start()
+            # torch (long prefill chunks) is imported in the background once the engine is idle: during a
+            # first token it would hold the GIL (0.3 s), during decode steps it halved their speed for ~2 s.
+            # A long prompt before that imports it in line.
+            if self._torch_thread is None and not self.has_unfinished_requests():
+                self._torch_thread = threading.Thread(target=_import_torch, name="ramlm-import-torch", daemon=True)
+                self._torch_thread.start()
+
+    def import_torch_now(self) -> None:
+        """Finish importing torch now (servers before they accept requests, benchmarks before they time)."""
+        if self._torch_thread is not None:
+            self._torch_thread.join()
+        else:
+            _import_torch()
+            self._torch_thread = threading.current_thread()  # done: step() starts no import thread
 
     def _step(self) -> list[RequestOutput]:
         so = self.scheduler.schedule()

@@ -78,6 +78,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     args = EngineArgs.from_cli_args(ns)
     llm_engine = LLMEngine(args)
+    llm_engine.import_torch_now()  # 1.5-3 s now rather than a GIL fight with the first requests' decode steps
     if not ns.no_warmup:
         _warmup(llm_engine)
     names = ns.served_model_name or [default_model_name(args.model, llm_engine.model_path)]
