@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -49,7 +50,13 @@ def worker_ramlm(model, threads, prompt_tokens, gen_tokens, prefill_dtype="auto"
                                  SamplingParams(max_tokens=gen_tokens, temperature=0, ignore_eos=True)):
         first = first or time.perf_counter()
     tg = (gen_tokens - 1) / (time.perf_counter() - first)
-    return {"pp": pp, "tg": tg, "load_s": load}
+    return {"pp": pp, "tg": tg, "load_s": load, "peak_rss_gb": _peak_rss_gb()}
+
+
+def _peak_rss_gb() -> float:
+    """This worker process's peak resident set (Linux reports ru_maxrss in KiB)."""
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
 def worker_llamacpp(model, threads, prompt_tokens, gen_tokens) -> dict:
@@ -72,7 +79,7 @@ def worker_llamacpp(model, threads, prompt_tokens, gen_tokens) -> dict:
         if i + 1 == gen_tokens:
             break
     tg = (gen_tokens - 1) / (time.perf_counter() - first)
-    return {"pp": pp, "tg": tg, "load_s": load}
+    return {"pp": pp, "tg": tg, "load_s": load, "peak_rss_gb": _peak_rss_gb()}
 
 
 def llamacpp_available() -> bool:
@@ -126,9 +133,10 @@ def main(argv=None) -> None:
     fig = {}
     for eng, rs in runs.items():
         if rs:
-            fig[eng] = {k: median([r[k] for r in rs]) for k in ("pp", "tg", "load_s")}
+            fig[eng] = {k: median([r[k] for r in rs]) for k in ("pp", "tg", "load_s", "peak_rss_gb")}
     line = (f"{args.model.rsplit('/', 1)[-1]}, {args.threads} threads, median of {args.rounds}: "
             f"ramlm pp{args.prompt_tokens} {fig['ramlm']['pp']:.1f} tok/s, tg{args.gen_tokens} {fig['ramlm']['tg']:.1f} tok/s")
+    line += f", peak RSS {fig['ramlm']['peak_rss_gb']:.2f} GB (file {os.path.getsize(args.model) / 1e9:.2f} GB)"
     if "llamacpp" in fig:
         fig["ratio"] = {k: fig["ramlm"][k] / fig["llamacpp"][k] for k in ("pp", "tg")}
         line += (f" | llama.cpp pp {fig['llamacpp']['pp']:.1f}, tg {fig['llamacpp']['tg']:.1f}"
