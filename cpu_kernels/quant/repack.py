@@ -33,6 +33,12 @@ def _bytes(b: np.ndarray) -> np.ndarray:
 
 def q8_0(raw):
     """-> qs uint8 (N, K): q + 128 (unsigned for VNNI); d fp16 bits uint16 (N, K/32)."""
+    from . import repack_fast
+    return repack_fast.q8_0(np.ascontiguousarray(np.asarray(raw).view(np.uint8).reshape(raw.shape[0], -1)))
+
+
+def q8_0_numpy(raw):
+    """q8_0 in numpy (the reference repack_fast is tested against)."""
     b = _blocks(raw, 34)
     return _bytes(b[..., 2:] ^ np.uint8(0x80)), _f16_bits(b[..., 0:2])
 
@@ -54,6 +60,12 @@ def q5_0(raw):
     """-> q uint8 (N, K): the 5-bit values q in element order, one byte each, d fp16 bits uint16 (N, K/32).
     Value = d * (q - 16). Unpacked because the kernel then loads them as Q8_0's bytes: 1.45x the file's
     bytes, but half the instructions per block (decode 110 -> ~70 us for 4096 x 640 in cache, 2 threads)."""
+    from . import repack_fast
+    return repack_fast.q5_0(np.ascontiguousarray(np.asarray(raw).view(np.uint8).reshape(raw.shape[0], -1)))
+
+
+def q5_0_numpy(raw):
+    """q5_0 in numpy (the reference repack_fast is tested against)."""
     b = _blocks(raw, 22)
     qh = np.ascontiguousarray(b[..., 2:6]).view("<u4")[..., 0].astype(np.uint32)
     lo = b[..., 6:]

@@ -151,6 +151,23 @@ def test_batch_invariant_rows_equal_single_row(case):
         np.testing.assert_array_equal(lin.matmul(x[0]), got[0])  # 1-D x -> 1-D result
 
 
+@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0], ids=lambda t: t.name)
+def test_numba_repack_equals_numpy(t):
+    """The load-time Numba repackers against their numpy twins, on writable and read-only (memmap-like) rows."""
+    from cpu_kernels.quant import repack
+    fast, ref = {Q.Q8_0: (repack.q8_0, repack.q8_0_numpy), Q.Q5_0: (repack.q5_0, repack.q5_0_numpy)}[t]
+    raw = quantize(t, np.random.default_rng(7).standard_normal((37, 320)).astype(np.float32))
+    ro = raw.copy()
+    ro.setflags(write=False)
+    want = ref(raw)
+    for r in (raw, ro):
+        got = fast(r)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.flags.c_contiguous
+            np.testing.assert_array_equal(g, w)
+
+
 def test_activation_quantizer_matches_numpy():
     x = np.random.default_rng(0).standard_normal((3, 256)).astype(np.float32)
     x[1, :32] = 0  # an all-zero block
