@@ -26,6 +26,8 @@ class QuantFormat:
     dequant(*packed, rows int64 (T,), out f32 (T, K)): out[t] = W[rows[t]], bit-equal to gguf's;
         a uint16 out receives those values rounded to bfloat16 bits.
     int8_activations: gemv quantizes x to int8 per 32-block first (about 0.5 % relative error).
+    repack_copies: repack copies raw into new arrays (False: the packed arrays are views of raw, i.e. of
+        the mapped file, so the file's pages stay in use and stacking them would copy them into RAM).
     """
     ggml_type: Q
     block_size: int
@@ -35,6 +37,7 @@ class QuantFormat:
     gemv: Callable
     dequant: Callable
     int8_activations: bool = True
+    repack_copies: bool = True
 
     def row_bytes(self, K: int) -> int:
         return K // self.block_size * self.type_size
@@ -48,7 +51,7 @@ def _quant(t, fields, rp, gemv, deq) -> QuantFormat:
 def _float(t, dtype, gemv, deq) -> QuantFormat:
     bs, ts = GGML_QUANT_SIZES[t]
     return QuantFormat(t, bs, ts, ("w",), partial(repack.float_rows, dtype=np.dtype(dtype)), gemv, deq,
-                       int8_activations=False)
+                       int8_activations=False, repack_copies=False)
 
 
 FORMATS: dict[Q, QuantFormat] = {

@@ -10,10 +10,6 @@ from engine.batch import BatchMetadata
 from engine.model.config import ModelConfig
 
 
-# Formats whose packed arrays are views of the mapped file (stacking would copy them into RAM).
-UNPACKED_FORMATS = ("F32", "F16", "BF16")
-
-
 def vector(ws, name: str) -> np.ndarray:
     """A 1-D weight (norm scale, bias) as contiguous float32."""
     raw = ws.raw(name)
@@ -59,7 +55,7 @@ class Linear:
         info = ws.info(name)
         n, k = info.shape[-2], info.shape[-1]
         self.weight = QuantLinear.from_raw(info.ggml_type, ws.raw(name), (n, k))
-        if info.ggml_type.name not in UNPACKED_FORMATS:
+        if self.weight.fmt.repack_copies:
             ws.release(name)  # repacked into RAM: the file's pages need not stay in RSS (peak RSS ~1x the file)
         self.bias = vector(ws, bias) if bias and has(ws, bias) else None
         self.batch_invariant = batch_invariant
@@ -83,9 +79,7 @@ class Linear:
 
     def _matmul(self, x: np.ndarray, per_row: bool) -> np.ndarray:
         w, rows = self.weight, ROWS
-        if x.shape[0] == 1:  # one decode row: the GEMV, whatever the batch says
-            y = w.matmul(x, batch_invariant=True)
-        elif self.batch_invariant or per_row or not rows.applies_to(x):
+        if self.batch_invariant or per_row or not rows.applies_to(x):
             y = w.matmul(x, batch_invariant=self.batch_invariant or per_row)
         elif not rows.large:  # decodes and short chunks only
             y = w.matmul(x, batch_invariant=True)
@@ -113,7 +107,7 @@ class Projections:
         groups: dict[tuple, list[int]] = {}
         for i, p in enumerate(self.parts):
             w = p.weight
-            key = (w.ggml_type, w.K, p.batch_invariant) if w.ggml_type.name not in UNPACKED_FORMATS else (i,)
+            key = (w.ggml_type, w.K, p.batch_invariant) if w.fmt.repack_copies else (i,)  # views stay unstacked
             groups.setdefault(key, []).append(i)
         self.groups = []  # (Linear, [(part index, first column, last column)])
         for idxs in groups.values():

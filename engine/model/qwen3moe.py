@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from cpu_kernels import activations
-from engine.model.layers import UNPACKED_FORMATS, Linear
+from engine.model.layers import Linear
 from engine.model.llama import LlamaModel
 from engine.model.registry import register
 
@@ -24,8 +24,8 @@ class MoE:
             # Each expert's rows are a zero-copy slice of the stacked 3-D tensor.
             self.experts.append(tuple(Linear.from_raw(i.ggml_type, r[e], i.shape[1:], batch_invariant)
                                       for i, r in zip(infos, raws)))
-        for n, i in zip((gate, up, down), infos):
-            if i.ggml_type.name not in UNPACKED_FORMATS:
+        for n, lin in zip((gate, up, down), self.experts[-1]):
+            if lin.weight.fmt.repack_copies:
                 ws.release(n)  # repacked: the mapped pages may leave RSS
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
