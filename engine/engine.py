@@ -69,9 +69,6 @@ class LLMEngine:
         prefill chunks use, is imported on a background thread once the engine is first idle (see step): it
         alone takes 1.5-3 s here and holds the GIL for much of it (started during the warm-up it stretched the
         warm-up from 0.7 to 2.5 s; started after it, the first token waited 0.3 s)."""
-        self._warm_up_kernels()
-
-    def _warm_up_kernels(self) -> None:
         from cpu_kernels.quant.linear import GEMV_MAX_M
         bs = self.runner.block_size
         n = min(GEMV_MAX_M, (self.runner.num_blocks - 1) * bs - 1)
@@ -164,17 +161,18 @@ class LLMEngine:
             # torch (long prefill chunks) is imported in the background once the engine is idle: during a
             # first token it would hold the GIL (0.3 s), during decode steps it halved their speed for ~2 s.
             # A long prompt before that imports it in line.
-            if self._torch_thread is None and not self.has_unfinished_requests():
-                self._torch_thread = threading.Thread(target=_import_torch, name="ramlm-import-torch", daemon=True)
-                self._torch_thread.start()
+            if not self.has_unfinished_requests():
+                self._start_torch_import()
+
+    def _start_torch_import(self) -> None:
+        if self._torch_thread is None:
+            self._torch_thread = threading.Thread(target=_import_torch, name="ramlm-import-torch", daemon=True)
+            self._torch_thread.start()
 
     def import_torch_now(self) -> None:
         """Finish importing torch now (servers before they accept requests, benchmarks before they time)."""
-        if self._torch_thread is not None:
-            self._torch_thread.join()
-        else:
-            _import_torch()
-            self._torch_thread = threading.current_thread()  # done: step() starts no import thread
+        self._start_torch_import()
+        self._torch_thread.join()
 
     def _step(self) -> list[RequestOutput]:
         so = self.scheduler.schedule()

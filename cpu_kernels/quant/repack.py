@@ -26,6 +26,11 @@ def _f16_bits(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.ascontiguousarray(b).view("<u2")[..., 0].astype(np.uint16))
 
 
+def _byte_rows(raw) -> np.ndarray:
+    """raw as contiguous uint8 (N, bytes_per_row), what the Numba repackers take."""
+    return np.ascontiguousarray(np.asarray(raw).view(np.uint8).reshape(raw.shape[0], -1))
+
+
 def _bytes(b: np.ndarray) -> np.ndarray:
     """(N, nb, w) -> contiguous (N, nb * w)."""
     return np.ascontiguousarray(b).reshape(b.shape[0], -1)
@@ -34,7 +39,7 @@ def _bytes(b: np.ndarray) -> np.ndarray:
 def q8_0(raw):
     """-> qs uint8 (N, K): q + 128 (unsigned for VNNI); d fp16 bits uint16 (N, K/32)."""
     from . import repack_fast
-    return repack_fast.q8_0(np.ascontiguousarray(np.asarray(raw).view(np.uint8).reshape(raw.shape[0], -1)))
+    return repack_fast.q8_0(_byte_rows(raw))
 
 
 def q8_0_numpy(raw):
@@ -61,7 +66,7 @@ def q5_0(raw):
     Value = d * (q - 16). Unpacked because the kernel then loads them as Q8_0's bytes: 1.45x the file's
     bytes, but half the instructions per block (decode 110 -> ~70 us for 4096 x 640 in cache, 2 threads)."""
     from . import repack_fast
-    return repack_fast.q5_0(np.ascontiguousarray(np.asarray(raw).view(np.uint8).reshape(raw.shape[0], -1)))
+    return repack_fast.q5_0(_byte_rows(raw))
 
 
 def q5_0_numpy(raw):
