@@ -1,4 +1,4 @@
-"""Kernels for the 32-element block formats: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1.
+"""Kernels for the 32-element block formats with nibbles: Q4_0, Q4_1, Q5_1 (Q8_0 and Q5_0: k_bytes.py).
 
 gemv_*(packed..., x f32 (M, K), out f32 (M, N)): out = x @ W^T with Q8 activations. Rows of W run in
 parallel; each (m, n) is reduced in the same order whatever M is, so a row's result does not depend
@@ -13,7 +13,7 @@ from numba import njit, prange
 
 from .q8act import quantize_act
 from .simd import (CACHE, bcast, bits_to_bytes, concat, dpbusd, f16_to_f32, hsum, i8_to_f32, load_f16x8, load_f32x8,
-                   load_i32x8, load_u8x16, load_u8x32, muladd, prefetch, store, to_f32, u8_to_f32, vadd, vand, vmul,
+                   load_i32x8, load_u8x16, load_u8x32, muladd, store, to_f32, u8_to_f32, vadd, vand, vmul,
                    vor, vshl, vshr, vsub, zero_f32x8, zero_i32x8)
 
 
@@ -34,13 +34,6 @@ def nibbles5(qs, o, h):
 # the 4-element dot products of unsigned weights and signed activations, and are added scaled.
 # Scales come 8 blocks at a time (fp16 widened, times the activation scales); the rest one by one.
 @njit(cache=CACHE)
-def blk_q8_0(acc, qs, qh, n, b, m, K, xq, xn4, scale):
-    init = vshl(load_i32x8(xn4, m * (K // 4) + b * 8), 7)
-    iv = dpbusd(init, load_u8x32(qs, n * K + b * 32), load_u8x32(xq, m * K + b * 32))
-    return muladd(acc, to_f32(iv), scale)
-
-
-@njit(cache=CACHE)
 def blk_q4_0(acc, qs, qh, n, b, m, K, xq, xn4, scale):
     init = vshl(load_i32x8(xn4, m * (K // 4) + b * 8), 3)
     iv = dpbusd(init, nibbles(qs, n * (K // 2) + b * 16), load_u8x32(xq, m * K + b * 32))
@@ -54,60 +47,9 @@ def blk_q4_1(acc, qs, qh, n, b, m, K, xq, xn4, scale):
 
 
 @njit(cache=CACHE)
-def blk_q5_0(acc, q, qh, n, b, m, K, xq, xn4, scale):
-    init = vshl(load_i32x8(xn4, m * (K // 4) + b * 8), 4)  # Q5_0 is repacked one value per byte
-    iv = dpbusd(init, load_u8x32(q, n * K + b * 32), load_u8x32(xq, m * K + b * 32))
-    return muladd(acc, to_f32(iv), scale)
-
-
-@njit(cache=CACHE)
 def blk_q5_1(acc, qs, qh, n, b, m, K, xq, xn4, scale):
     iv = dpbusd(zero_i32x8(), nibbles5(qs, n * (K // 2) + b * 16, qh[n, b]), load_u8x32(xq, m * K + b * 32))
     return muladd(acc, to_f32(iv), scale)
-
-
-# Bytes ahead that the byte-per-value GEMVs (Q8_0, Q5_0) ask the memory system for.
-PREFETCH_AHEAD = 2048
-
-
-@njit(cache=CACHE)
-def prefetch_ahead(q, d, n, K, nb, b0):
-    """Read hints PREFETCH_AHEAD bytes past 8 blocks of row n of a byte-per-value weight and its scales: the
-    hardware prefetcher alone left the 262144 x 640 output matrix at ~27 GB/s."""
-    for line in range(4):
-        prefetch(q, n * K + b0 * 32 + PREFETCH_AHEAD + 64 * line)
-    prefetch(d, n * nb + b0 + PREFETCH_AHEAD // 16)
-
-
-# Q8_0 -------------------------------------------------------------------------------------------
-@njit(parallel=True, cache=CACHE)
-def gemv_q8_0(qs, d, x, out):
-    xq, xd, xn4, xs32, xs16 = quantize_act(x)
-    M, K = x.shape
-    N, nb = d.shape
-    nb8 = nb - nb % 8
-    for n in prange(N):
-        for m in range(M):
-            acc = zero_f32x8()
-            for b0 in range(0, nb8, 8):
-                if m == 0:
-                    prefetch_ahead(qs, d, n, K, nb, b0)
-                sv = vmul(load_f16x8(d, n * nb + b0), load_f32x8(xd, m * nb + b0))
-                for j in range(8):
-                    acc = blk_q8_0(acc, qs, qs, n, b0 + j, m, K, xq, xn4, bcast(sv, j))
-            for b in range(nb8, nb):
-                acc = blk_q8_0(acc, qs, qs, n, b, m, K, xq, xn4, f16_to_f32(d[n, b]) * xd[m, b])
-            out[m, n] = hsum(acc)
-
-
-@njit(parallel=True, cache=CACHE)
-def deq_q8_0(qs, d, rows, out):
-    N, K = qs.shape
-    for t in prange(rows.shape[0]):
-        n = rows[t]
-        for b in range(K // 32):
-            q = i8_to_f32(vsub(load_u8x32(qs, n * K + b * 32), 128))
-            store(out, t * K + b * 32, vmul(q, f16_to_f32(d[n, b])))
 
 
 # Q4_0 / Q4_1 ------------------------------------------------------------------------------------
@@ -175,26 +117,6 @@ def deq_q4_1(qs, d, mn, rows, out):
 
 # Q5_0 / Q5_1 ------------------------------------------------------------------------------------
 @njit(parallel=True, cache=CACHE)
-def gemv_q5_0(q, d, x, out):
-    xq, xd, xn4, xs32, xs16 = quantize_act(x)
-    M, K = x.shape
-    N, nb = d.shape
-    nb8 = nb - nb % 8
-    for n in prange(N):
-        for m in range(M):
-            acc = zero_f32x8()
-            for b0 in range(0, nb8, 8):
-                if m == 0:
-                    prefetch_ahead(q, d, n, K, nb, b0)
-                sv = vmul(load_f16x8(d, n * nb + b0), load_f32x8(xd, m * nb + b0))
-                for j in range(8):
-                    acc = blk_q5_0(acc, q, q, n, b0 + j, m, K, xq, xn4, bcast(sv, j))
-            for b in range(nb8, nb):
-                acc = blk_q5_0(acc, q, q, n, b, m, K, xq, xn4, f16_to_f32(d[n, b]) * xd[m, b])
-            out[m, n] = hsum(acc)
-
-
-@njit(parallel=True, cache=CACHE)
 def gemv_q5_1(qs, qh, d, mn, x, out):
     xq, xd, xn4, xs32, xs16 = quantize_act(x)
     M, K = x.shape
@@ -214,17 +136,6 @@ def gemv_q5_1(qs, qh, d, mn, x, out):
                 acc = blk_q5_1(acc, qs, qh, n, b, m, K, xq, xn4, f16_to_f32(d[n, b]) * xd[m, b])
                 msum += f16_to_f32(mn[n, b]) * xs32[m, b]
             out[m, n] = hsum(acc) + msum
-
-
-@njit(parallel=True, cache=CACHE)
-def deq_q5_0(q, d, rows, out):
-    N, nb = d.shape
-    K = nb * 32
-    for t in prange(rows.shape[0]):
-        n = rows[t]
-        for b in range(nb):
-            v = i8_to_f32(vsub(load_u8x32(q, n * K + b * 32), 16))
-            store(out, t * K + b * 32, vmul(v, f16_to_f32(d[n, b])))
 
 
 @njit(parallel=True, cache=CACHE)

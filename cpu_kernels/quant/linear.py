@@ -84,17 +84,24 @@ class QuantLinear:
 
     @classmethod
     def stack(cls, parts: list["QuantLinear"]) -> "QuantLinear":
-        """One weight holding parts' rows one after another (same format and K): one kernel launch
-        computes every part's outputs, each row exactly as its own part's kernel would."""
+        """One weight holding parts' rows one after another (same format and K; every part but the last a
+        whole number of the format's row blocks): one kernel launch computes every part's outputs, each row
+        exactly as its own part's kernel would."""
         fmt, K = parts[0].fmt, parts[0].K
         if any(p.fmt is not fmt or p.K != K for p in parts):
             raise ValueError("stack: parts must share the format and K")
+        if any(p.N % fmt.row_block for p in parts[:-1]):
+            raise ValueError(f"stack: {fmt.ggml_type.name} parts before the last need N % {fmt.row_block} == 0")
         packed = tuple(np.concatenate(arrs, axis=0) for arrs in zip(*(p.packed for p in parts)))
         return cls(fmt, packed, sum(p.N for p in parts), K)
 
     def rows(self, lo: int, hi: int) -> "QuantLinear":
-        """The weight of rows lo:hi as views of this one's packed arrays (no copy)."""
-        return QuantLinear(self.fmt, tuple(a[lo:hi] for a in self.packed), hi - lo, self.K)
+        """The weight of rows lo:hi as views of this one's packed arrays (no copy); lo and hi (unless it is N)
+        must be multiples of the format's row_block."""
+        rb = self.fmt.row_block
+        if not 0 <= lo < hi <= self.N or lo % rb or (hi % rb and hi != self.N):
+            raise ValueError(f"rows: {lo}:{hi} is not a slice of whole {rb}-row blocks of N={self.N}")
+        return QuantLinear(self.fmt, tuple(a[lo // rb:-(-hi // rb)] for a in self.packed), hi - lo, self.K)
 
     def __repr__(self) -> str:
         return f"QuantLinear({self.ggml_type.name}, N={self.N}, K={self.K}, {self.nbytes / 2**20:.1f} MiB)"

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
-from . import k_float, k_kquants, k_legacy, k_lowbit, repack
+from . import k_bytes, k_float, k_kquants, k_legacy, k_lowbit, repack
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,8 @@ class QuantFormat:
     int8_activations: gemv quantizes x to int8 per 32-block first (about 0.5 % relative error).
     repack_copies: repack copies raw into new arrays (False: the packed arrays are views of raw, i.e. of
         the mapped file, so the file's pages stay in use and stacking them would copy them into RAM).
+    row_block: rows of W per entry of the packed arrays' first axis (8 where rows are interleaved; the last
+        entry may hold fewer real rows).
     """
     ggml_type: Q
     block_size: int
@@ -38,14 +40,15 @@ class QuantFormat:
     dequant: Callable
     int8_activations: bool = True
     repack_copies: bool = True
+    row_block: int = 1
 
     def row_bytes(self, K: int) -> int:
         return K // self.block_size * self.type_size
 
 
-def _quant(t, fields, rp, gemv, deq) -> QuantFormat:
+def _quant(t, fields, rp, gemv, deq, row_block=1) -> QuantFormat:
     bs, ts = GGML_QUANT_SIZES[t]
-    return QuantFormat(t, bs, ts, fields, lambda raw, K: rp(raw), gemv, deq)
+    return QuantFormat(t, bs, ts, fields, lambda raw, K: rp(raw), gemv, deq, row_block=row_block)
 
 
 def _float(t, dtype, gemv, deq) -> QuantFormat:
@@ -61,9 +64,9 @@ FORMATS: dict[Q, QuantFormat] = {
         _float(Q.BF16, np.uint16, k_float.gemv_bf16, k_float.deq_bf16),
         _quant(Q.Q4_0, ("qs", "d"), repack.q4_0, k_legacy.gemv_q4_0, k_legacy.deq_q4_0),
         _quant(Q.Q4_1, ("qs", "d", "m"), repack.q4_1, k_legacy.gemv_q4_1, k_legacy.deq_q4_1),
-        _quant(Q.Q5_0, ("q", "d"), repack.q5_0, k_legacy.gemv_q5_0, k_legacy.deq_q5_0),
+        _quant(Q.Q5_0, ("q", "d"), repack.q5_0, k_bytes.gemv_q8_0, k_bytes.deq_q8_0, row_block=8),
         _quant(Q.Q5_1, ("qs", "qh", "d", "m"), repack.q5_1, k_legacy.gemv_q5_1, k_legacy.deq_q5_1),
-        _quant(Q.Q8_0, ("qs", "d"), repack.q8_0, k_legacy.gemv_q8_0, k_legacy.deq_q8_0),
+        _quant(Q.Q8_0, ("q", "d"), repack.q8_0, k_bytes.gemv_q8_0, k_bytes.deq_q8_0, row_block=8),
         _quant(Q.Q2_K, ("qs", "sc", "d", "dmin"), repack.q2_k, k_lowbit.gemv_q2_k, k_lowbit.deq_q2_k),
         _quant(Q.Q3_K, ("hmask", "qs", "sc", "d"), repack.q3_k, k_lowbit.gemv_q3_k, k_lowbit.deq_q3_k),
         _quant(Q.Q4_K, ("qs", "sc", "mn", "d", "dmin"), repack.q4_k, k_kquants.gemv_q4_k, k_kquants.deq_q4_k),

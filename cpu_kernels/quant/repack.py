@@ -37,7 +37,8 @@ def _bytes(b: np.ndarray) -> np.ndarray:
 
 
 def q8_0(raw):
-    """-> qs uint8 (N, K): q + 128 (unsigned for VNNI); d fp16 bits uint16 (N, K/32)."""
+    """-> q uint8 (G, K * 8), d fp16 bits uint16 (G, K / 4): rows interleaved 8 by 8 (k_bytes.py's layout),
+    values + 128 (unsigned for VNNI)."""
     from . import repack_fast
     return repack_fast.q8_0(_byte_rows(raw))
 
@@ -45,7 +46,20 @@ def q8_0(raw):
 def q8_0_numpy(raw):
     """q8_0 in numpy (the reference repack_fast is tested against)."""
     b = _blocks(raw, 34)
-    return _bytes(b[..., 2:] ^ np.uint8(0x80)), _f16_bits(b[..., 0:2])
+    return interleave8(b[..., 2:].view(np.int8).astype(np.int16), _f16_bits(b[..., 0:2]))
+
+
+def interleave8(vals: np.ndarray, d: np.ndarray):
+    """(N, nb, 32) integer values and (N, nb) fp16 bits -> k_bytes.py's (q, d): 8-row groups (padded with zero
+    rows), each block's bytes ordered quad, row, byte; values + 128."""
+    N, nb = d.shape
+    G = -(-N // 8)
+    v = np.zeros((G * 8, nb, 32), np.int16)
+    v[:N] = vals
+    dd = np.zeros((G * 8, nb), np.uint16)
+    dd[:N] = d
+    q = (v + 128).astype(np.uint8).reshape(G, 8, nb, 8, 4).transpose(0, 2, 3, 1, 4)
+    return np.ascontiguousarray(q).reshape(G, nb * 256), np.ascontiguousarray(dd.reshape(G, 8, nb).transpose(0, 2, 1)).reshape(G, nb * 8)
 
 
 def q4_0(raw):
@@ -62,9 +76,9 @@ def q4_1(raw):
 
 
 def q5_0(raw):
-    """-> q uint8 (N, K): the 5-bit values q in element order, one byte each, d fp16 bits uint16 (N, K/32).
-    Value = d * (q - 16). Unpacked because the kernel then loads them as Q8_0's bytes: 1.45x the file's
-    bytes, but half the instructions per block (decode 110 -> ~70 us for 4096 x 640 in cache, 2 threads)."""
+    """-> q, d in q8_0's layout: the 5-bit values q stand for q - 16. Unpacked so that one kernel serves both
+    formats: 1.45x the file's bytes, but half the instructions per block (decode 110 -> ~70 us for 4096 x 640 in
+    cache, 2 threads)."""
     from . import repack_fast
     return repack_fast.q5_0(_byte_rows(raw))
 
@@ -76,7 +90,7 @@ def q5_0_numpy(raw):
     lo = b[..., 6:]
     vals = np.concatenate([lo & 15, lo >> 4], axis=-1)  # element i < 16: low nibble of byte i, else high of i-16
     vals |= (((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
-    return np.ascontiguousarray(vals.reshape(b.shape[0], -1)), _f16_bits(b[..., 0:2])
+    return interleave8(vals.astype(np.int16) - 16, _f16_bits(b[..., 0:2]))
 
 
 def q5_1(raw):

@@ -413,3 +413,60 @@ def pair16(typingctx, a, b):
         v = builder.insert_element(builder.insert_element(v, fa, ir.Constant(_I32, 0)), fb, ir.Constant(_I32, 1))
         return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 32), [0] * 16 + [1] * 16))
     return Vec("f32", 32)(a, b), codegen
+
+
+@intrinsic
+def load_bcast4(typingctx, arr, idx):
+    """u8x32 holding the 4 bytes at arr.flat[idx] in each of its 8 dword lanes (a vpdpbusd memory broadcast):
+    one activation quad against the same quad of 8 interleaved weight rows."""
+    if not (isinstance(arr, types.Array) and arr.dtype in (types.uint8, types.int8) and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i = context.cast(builder, args[1], sig.args[1], types.intp)
+        word = builder.load(_ptr(context, builder, sig.args[0], args[0], i, _I32), align=1)
+        return builder.bitcast(_splat(builder, word, 8), ir.VectorType(ir.IntType(8), 32))
+    return u8x32(arr, idx), codegen
+
+
+@intrinsic
+def load_strided4(typingctx, arr, idx, stride):
+    """u8x32 of 8 groups of 4 bytes, at arr.flat[idx + j * stride] for j = 0..7: one row's 32 values out of
+    an 8-row interleaved block."""
+    if not (isinstance(arr, types.Array) and arr.dtype in (types.uint8, types.int8)
+            and isinstance(idx, types.Integer) and isinstance(stride, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i = context.cast(builder, args[1], sig.args[1], types.intp)
+        s = context.cast(builder, args[2], sig.args[2], types.intp)
+        v = ir.Constant(ir.VectorType(_I32, 8), ir.Undefined)
+        for j in range(8):
+            off = builder.add(i, builder.mul(s, ir.Constant(s.type, j)))
+            word = builder.load(_ptr(context, builder, sig.args[0], args[0], off, _I32), align=1)
+            v = builder.insert_element(v, word, ir.Constant(_I32, j))
+        return builder.bitcast(v, ir.VectorType(ir.IntType(8), 32))
+    return u8x32(arr, idx, stride), codegen
+
+
+@intrinsic
+def splat_i32(typingctx, s):
+    """i32x8 with every lane s."""
+    if not isinstance(s, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), 8)
+    return i32x8(s), codegen
+
+
+@intrinsic
+def lane(typingctx, v, j):
+    """Lane j of v as a scalar."""
+    if not (isinstance(v, Vec) and isinstance(j, types.Integer)):
+        return None
+    rt = types.float32 if v.kind == "f32" else types.int32 if v.kind == "i32" else types.uint8
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], context.cast(builder, args[1], sig.args[1], types.int32))
+    return rt(v, j), codegen

@@ -107,7 +107,8 @@ class Projections:
         groups: dict[tuple, list[int]] = {}
         for i, p in enumerate(self.parts):
             w = p.weight
-            key = (w.ggml_type, w.K, p.batch_invariant) if w.fmt.repack_copies else (i,)  # views stay unstacked
+            stackable = w.fmt.repack_copies and w.N % w.fmt.row_block == 0  # views stay unstacked
+            key = (w.ggml_type, w.K, p.batch_invariant) if stackable else (i,)
             groups.setdefault(key, []).append(i)
         self.groups = []  # (Linear, [(part index, first column, last column)])
         for idxs in groups.values():

@@ -144,11 +144,30 @@ def test_batch_invariant_rows_equal_single_row(case):
     t, cases = case
     for N, K, w, raw, deq in cases:
         lin = QuantLinear.from_raw(t, raw, (N, K))
-        x = np.random.default_rng(1).standard_normal((12, K)).astype(np.float32)
+        x = np.random.default_rng(1).standard_normal((11, K)).astype(np.float32)  # 4-row passes and a short one
         got = lin.matmul(x, batch_invariant=True)
         for i in range(x.shape[0]):
             np.testing.assert_array_equal(got[i], lin.matmul(x[i:i + 1])[0])
         np.testing.assert_array_equal(lin.matmul(x[0]), got[0])  # 1-D x -> 1-D result
+
+
+def test_stack_and_rows(case):
+    """Stacked parts compute each part's rows bitwise; rows() views give the parts back; slices that cut an
+    interleaved row block are refused."""
+    t, cases = case
+    N0, K = 16, cases[1][1]
+    parts = [QuantLinear.from_raw(t, make(t, n, K, seed=n)[1], (n, K)) for n in (N0, 13)]
+    whole = QuantLinear.stack(parts)
+    x = np.random.default_rng(2).standard_normal((5, K)).astype(np.float32)
+    got = whole.matmul(x)
+    np.testing.assert_array_equal(got, np.concatenate([p.matmul(x) for p in parts], axis=1))
+    np.testing.assert_array_equal(whole.rows(N0, N0 + 13).matmul(x), parts[1].matmul(x))
+    np.testing.assert_array_equal(whole.rows(0, N0).embed([3, 15]), parts[0].embed([3, 15]))
+    if FORMATS[t].row_block > 1:
+        with pytest.raises(ValueError, match="whole"):
+            whole.rows(4, N0)
+        with pytest.raises(ValueError, match="N %"):
+            QuantLinear.stack(parts[::-1])
 
 
 @pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0], ids=lambda t: t.name)

@@ -1,0 +1,123 @@
+"""Kernels for the byte-per-value formats (Q8_0, and Q5_0 unpacked to bytes), 8 rows interleaved.
+
+Layout (repack.q8_0 / repack.q5_0): q uint8 (G, nb * 256), G = ceil(N / 8): for row group g, block b, quad j,
+row r, byte i, q[g, 256 b + 32 j + 4 r + i] = value(8 g + r, 32 b + 4 j + i) + 128; d uint16 (G, nb * 8): the
+fp16 scale of (8 g + r, b) at d[g, 8 b + r]. Rows past N are zero. One vpdpbusd then multiplies an activation
+quad (broadcast) by the same quad of 8 rows, so each int32 lane is one output row: no horizontal sums, and a
+block's weights loaded once serve 4 activation rows (16-row decode steps 3.3x faster than one row at a time).
+
+gemv(q, d, x f32 (M, K), out f32 (M, N)): out = x @ W^T with Q8 activations; a row's result is bitwise the same
+whatever M is (the integer block dots are exact, the float steps identical). deq(q, d, rows, out f32 or uint16
+bf16 bits (T, K)): out[t] = W[rows[t]] with gguf's float32 operations.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .q8act import quantize_act
+from .simd import (CACHE, dpbusd, f16_to_f32, i8_to_f32, lane, load_bcast4, load_f16x8, load_strided4, load_u8x32,
+                   muladd, prefetch, splat_i32, store, to_f32, vadd, vmul, vsub, zero_f32x8)
+
+# Bytes ahead that the GEMV asks the memory system for (the hardware prefetcher alone left the 262144 x 640
+# output matrix at ~27 GB/s).
+PREFETCH_AHEAD = 2048
+
+
+@njit(cache=CACHE)
+def block_offsets(xn4, nb):
+    """int32 (M, nb): -128 times the sum of each activation block's int8 values, the start of a block's
+    integer dot (the weights are stored value + 128)."""
+    M = xn4.shape[0]
+    s = np.empty((M, nb), np.int32)
+    for m in range(M):
+        for b in range(nb):
+            t = 0
+            for j in range(8):
+                t += xn4[m, 8 * b + j]
+            s[m, b] = 128 * t
+    return s
+
+
+@njit(cache=CACHE)
+def prefetch_block(q, d, g, nb, b):
+    for line in range(4):
+        prefetch(q, (g * nb + b) * 256 + PREFETCH_AHEAD + 64 * line)
+    prefetch(d, (g * nb + b) * 8 + PREFETCH_AHEAD // 16)
+
+
+@njit(cache=CACHE)
+def dot_one(q, o, xq, xo, init):
+    """One block of 8 rows against one activation row, in two chains (vpdpbusd's latency)."""
+    a = init
+    c = splat_i32(0)
+    for j in range(0, 8, 2):
+        a = dpbusd(a, load_u8x32(q, o + 32 * j), load_bcast4(xq, xo + 4 * j))
+        c = dpbusd(c, load_u8x32(q, o + 32 * j + 32), load_bcast4(xq, xo + 4 * j + 4))
+    return vadd(a, c)
+
+
+@njit(cache=CACHE)
+def store_rows(out, m, n0, acc):
+    """out[m, n0:n0 + 8] = acc, the lanes past N dropped."""
+    N = out.shape[1]
+    if n0 + 8 <= N:
+        store(out, m * N + n0, acc)
+    else:
+        for j in range(N - n0):
+            out[m, n0 + j] = lane(acc, j)
+
+
+@njit(parallel=True, cache=CACHE)
+def gemv_q8_0(q, d, x, out):
+    xq, xd, xn4, xs32, xs16 = quantize_act(x)
+    M, K = x.shape
+    G = q.shape[0]
+    nb = K // 32
+    s = block_offsets(xn4, nb)
+    for g in prange(G):
+        if M == 1:
+            acc = zero_f32x8()
+            for b in range(nb):
+                prefetch_block(q, d, g, nb, b)
+                iv = dot_one(q, (g * nb + b) * 256, xq, b * 32, splat_i32(s[0, b]))
+                acc = muladd(acc, to_f32(iv), vmul(load_f16x8(d, (g * nb + b) * 8), xd[0, b]))
+            store_rows(out, 0, 8 * g, acc)
+            continue
+        for m0 in range(0, M, 4):  # 4 activation rows per pass; a short last pass repeats its last row
+            m1, m2, m3 = min(m0 + 1, M - 1), min(m0 + 2, M - 1), min(m0 + 3, M - 1)
+            a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
+            for b in range(nb):
+                o = (g * nb + b) * 256
+                if m0 == 0:
+                    prefetch_block(q, d, g, nb, b)
+                i0, i1, i2, i3 = splat_i32(s[m0, b]), splat_i32(s[m1, b]), splat_i32(s[m2, b]), splat_i32(s[m3, b])
+                for j in range(8):
+                    w = load_u8x32(q, o + 32 * j)
+                    i0 = dpbusd(i0, w, load_bcast4(xq, m0 * K + b * 32 + 4 * j))
+                    i1 = dpbusd(i1, w, load_bcast4(xq, m1 * K + b * 32 + 4 * j))
+                    i2 = dpbusd(i2, w, load_bcast4(xq, m2 * K + b * 32 + 4 * j))
+                    i3 = dpbusd(i3, w, load_bcast4(xq, m3 * K + b * 32 + 4 * j))
+                dw = load_f16x8(d, (g * nb + b) * 8)
+                a0 = muladd(a0, to_f32(i0), vmul(dw, xd[m0, b]))
+                a1 = muladd(a1, to_f32(i1), vmul(dw, xd[m1, b]))
+                a2 = muladd(a2, to_f32(i2), vmul(dw, xd[m2, b]))
+                a3 = muladd(a3, to_f32(i3), vmul(dw, xd[m3, b]))
+            store_rows(out, m0, 8 * g, a0)
+            if m0 + 1 < M:
+                store_rows(out, m1, 8 * g, a1)
+            if m0 + 2 < M:
+                store_rows(out, m2, 8 * g, a2)
+            if m0 + 3 < M:
+                store_rows(out, m3, 8 * g, a3)
+
+
+@njit(parallel=True, cache=CACHE)
+def deq_q8_0(q, d, rows, out):
+    K = out.shape[1]
+    nb = K // 32
+    for t in prange(rows.shape[0]):
+        g, r = rows[t] >> 3, rows[t] & 7
+        for b in range(nb):
+            v = i8_to_f32(vsub(load_strided4(q, (g * nb + b) * 256 + 4 * r, 32), 128))
+            store(out, t * K + b * 32, vmul(v, f16_to_f32(d[g, 8 * b + r])))
