@@ -77,14 +77,20 @@ def run_serve(ns: argparse.Namespace) -> int:
         ns.model = ns.model_tag
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     args = EngineArgs.from_cli_args(ns)
-    llm_engine = LLMEngine(args)
-    llm_engine.import_torch_now()  # 1.5-3 s now rather than a GIL fight with the first requests' decode steps
-    if not ns.no_warmup:
-        _warmup(llm_engine)
+
+    def make_engine() -> LLMEngine:  # on the engine thread, where all its kernels will run
+        llm_engine = LLMEngine(args)
+        llm_engine.import_torch_now()  # 1.5-3 s now rather than a GIL fight with the first requests' decode steps
+        if not ns.no_warmup:
+            _warmup(llm_engine)
+        return llm_engine
+
+    engine = AsyncLLMEngine.build(make_engine)
+    llm_engine = engine.engine
     names = ns.served_model_name or [default_model_name(args.model, llm_engine.model_path)]
     metrics = ServerMetrics(names[0])
-    engine = AsyncLLMEngine(llm_engine, on_first_token=metrics.on_first_token, on_finished=metrics.on_finished,
-                            on_aborted=metrics.on_aborted)
+    engine.set_hooks(on_first_token=metrics.on_first_token, on_finished=metrics.on_finished,
+                     on_aborted=metrics.on_aborted)
     state = ServerState(engine=engine, model_names=list(names), model_path=llm_engine.model_path, metrics=metrics)
     api_key = ns.api_key or os.environ.get("RAMLM_API_KEY") or None
     app = build_app(state, api_key=api_key, max_body_bytes=ns.max_request_body_bytes)

@@ -124,6 +124,31 @@ def test_stream_runs_to_the_end_on_the_engine_thread():
     assert fake.aborted == []
 
 
+def test_build_makes_the_engine_on_the_engine_thread():
+    made_on = []
+
+    def make():
+        made_on.append(threading.current_thread().name)
+        return FakeEngine()
+    eng = AsyncLLMEngine.build(make)
+    try:
+        assert made_on == ["ramlm-engine"] and eng.is_running
+        outs = run(_collect(eng.generate("hi", SamplingParams(max_tokens=3), "r1")))
+        assert outs[-1].outputs[0].text == "abc"
+        assert eng.engine.threads == {"ramlm-engine"}
+    finally:
+        eng.shutdown()
+
+    def broken():
+        raise ValueError("no such model")
+    with pytest.raises(ValueError, match="no such model"):
+        AsyncLLMEngine.build(broken)
+
+
+async def _collect(agen):
+    return [o async for o in agen]
+
+
 def test_add_request_errors_come_before_streaming():
     eng = AsyncLLMEngine(FakeEngine()).start()
 
