@@ -17,12 +17,8 @@ import numpy as np
 from numba import njit, prange
 
 from .q8act import quantize_act
-from .simd import (CACHE, dpbusd, f16_to_f32, i8_to_f32, lane, load_bcast4, load_f16x8, load_strided4, load_u8x32,
-                   muladd, prefetch, splat_i32, store, to_f32, vadd, vmul, vsub, zero_f32x8)
-
-# Bytes ahead that the GEMV asks the memory system for (the hardware prefetcher alone left the 262144 x 640
-# output matrix at ~27 GB/s).
-PREFETCH_AHEAD = 2048
+from .simd import (CACHE, PREFETCH_AHEAD, dpbusd, f16_to_f32, i8_to_f32, lane, load_bcast4, load_f16x8, load_strided4,
+                   load_u8x32, muladd, prefetch, splat_i32, store, to_f32, vadd, vmul, vsub, zero_f32x8)
 
 
 @njit(cache=CACHE)

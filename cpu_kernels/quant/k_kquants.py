@@ -1,4 +1,4 @@
-"""Kernels for the 256-element super-block formats Q4_K, Q5_K and Q6_K.
+"""Kernels for the 256-element super-block formats Q5_K and Q6_K (Q4_K: k_kquants_x8.py).
 
 Same contracts as k_legacy.py: gemv_*(packed..., x f32 (M, K), out f32 (M, N)) with Q8 activations,
 deq_*(packed..., rows int64 (T,), out (T, K)) bit-equal to gguf's numpy dequantize (f32 out) or
@@ -10,17 +10,12 @@ import numpy as np
 from numba import njit, prange
 
 from .q8act import quantize_act
-from .simd import (CACHE, bcast, dpbusd, hsum, i8_to_f32, lanes2, load_dup2, load_f32x8, load_i32x8, load_u8x32,
-                   load_u8x8, muladd, pair16, prefetch, store, to_f32, u8_to_f32, vand, vmul, vor, vshl, vshr, vsub, zero_f32x8,
-                   zero_i32x8)
+from .simd import (CACHE, PREFETCH_AHEAD, bcast, dpbusd, hsum, i8_to_f32, lanes2, load_dup2, load_f32x8, load_i32x8,
+                   load_u8x32, load_u8x8, muladd, pair16, prefetch, store, to_f32, u8_to_f32, vand, vmul, vor, vshl,
+                   vshr, vsub, zero_f32x8, zero_i32x8)
 
 
-# Bytes ahead of the current super-block that the GEMVs ask the memory system for: the hardware prefetcher
-# alone streamed long rows (K = 14336) at half the speed of short ones from DRAM.
-PREFETCH_AHEAD = 2048
-
-
-# Q4_K / Q5_K ------------------------------------------------------------------------------------
+# Q5_K ------------------------------------------------------------------------------------
 # Per 64 elements (chunk c of a super-block) 32 bytes of qs: low nibbles = group 2c, high = 2c + 1.
 # Q5_K's 5th bits: bit j of the super-block's 32 qh bytes belongs to group j.
 @njit(cache=CACHE)
@@ -28,34 +23,6 @@ def q5k_group(v, hv, j, high):
     """u8x32 of group j's 5-bit values from its qs bytes v (nibble high) and the qh bytes hv."""
     lo = vshr(v, 4) if high else vand(v, 15)
     return vor(lo, vshl(vand(vshr(hv, j), 1), 4))
-
-
-@njit(parallel=True, cache=CACHE)
-def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
-    xq, xd, xn4, xs32, xs16 = quantize_act(x)
-    M, K = x.shape
-    N, ns = d.shape
-    nb = K // 32
-    for n in prange(N):
-        for m in range(M):
-            acc = zero_f32x8()
-            macc = zero_f32x8()
-            for s in range(ns):
-                # the 8 group scales d * sc_j * xd_j, and the mins' share dmin * mn_j * (xd_j * sum_j)
-                scv = vmul(vmul(u8_to_f32(load_u8x8(sc, n * nb + s * 8)), load_f32x8(xd, m * nb + s * 8)),
-                           d[n, s])
-                mnv = vmul(u8_to_f32(load_u8x8(mn, n * nb + s * 8)), load_f32x8(xs32, m * nb + s * 8))
-                macc = muladd(macc, mnv, dmin[n, s])
-                prefetch(qs, n * (K // 2) + s * 128 + PREFETCH_AHEAD)
-                prefetch(qs, n * (K // 2) + s * 128 + PREFETCH_AHEAD + 64)
-                for c in range(4):
-                    v = load_u8x32(qs, n * (K // 2) + s * 128 + c * 32)
-                    xo = m * K + s * 256 + c * 64
-                    i0 = dpbusd(zero_i32x8(), vand(v, 15), load_u8x32(xq, xo))
-                    i1 = dpbusd(zero_i32x8(), vshr(v, 4), load_u8x32(xq, xo + 32))
-                    acc = muladd(acc, to_f32(i0), bcast(scv, 2 * c))
-                    acc = muladd(acc, to_f32(i1), bcast(scv, 2 * c + 1))
-            out[m, n] = hsum(vsub(acc, macc))
 
 
 @njit(parallel=True, cache=CACHE)
@@ -82,23 +49,6 @@ def gemv_q5_k(qs, qh, sc, mn, d, dmin, x, out):
                     acc = muladd(acc, to_f32(i0), bcast(scv, 2 * c))
                     acc = muladd(acc, to_f32(i1), bcast(scv, 2 * c + 1))
             out[m, n] = hsum(vsub(acc, macc))
-
-
-@njit(parallel=True, cache=CACHE)
-def deq_q4_k(qs, sc, mn, d, dmin, rows, out):
-    N, ns = d.shape
-    K = ns * 256
-    for t in prange(rows.shape[0]):
-        n = rows[t]
-        for s in range(ns):
-            for c in range(4):
-                v = load_u8x32(qs, n * (K // 2) + s * 128 + c * 32)
-                for half in range(2):
-                    j = s * 8 + 2 * c + half
-                    dl = d[n, s] * np.float32(sc[n, j])
-                    ml = dmin[n, s] * np.float32(mn[n, j])
-                    q = u8_to_f32(vshr(v, 4) if half else vand(v, 15))
-                    store(out, t * K + j * 32, vsub(vmul(q, dl), ml))
 
 
 @njit(parallel=True, cache=CACHE)

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
-from . import k_bytes, k_float, k_kquants, k_legacy, k_lowbit, repack
+from . import k_bytes, k_float, k_kquants, k_kquants_x8, k_legacy, k_lowbit, repack
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,8 @@ FORMATS: dict[Q, QuantFormat] = {
         _quant(Q.Q8_0, ("q", "d"), repack.q8_0, k_bytes.gemv_q8_0, k_bytes.deq_q8_0, row_block=8),
         _quant(Q.Q2_K, ("qs", "sc", "d", "dmin"), repack.q2_k, k_lowbit.gemv_q2_k, k_lowbit.deq_q2_k),
         _quant(Q.Q3_K, ("hmask", "qs", "sc", "d"), repack.q3_k, k_lowbit.gemv_q3_k, k_lowbit.deq_q3_k),
-        _quant(Q.Q4_K, ("qs", "sc", "mn", "d", "dmin"), repack.q4_k, k_kquants.gemv_q4_k, k_kquants.deq_q4_k),
+        _quant(Q.Q4_K, ("qs", "sc", "mn", "d", "dmin"), repack.q4_k, k_kquants_x8.gemv_q4_k, k_kquants_x8.deq_q4_k,
+               row_block=8),
         _quant(Q.Q5_K, ("qs", "qh", "sc", "mn", "d", "dmin"), repack.q5_k, k_kquants.gemv_q5_k,
                k_kquants.deq_q5_k),
         _quant(Q.Q6_K, ("ql", "qh", "sc", "d"), repack.q6_k, k_kquants.gemv_q6_k, k_kquants.deq_q6_k),

@@ -59,7 +59,8 @@ def interleave8(vals: np.ndarray, d: np.ndarray):
     dd = np.zeros((G * 8, nb), np.uint16)
     dd[:N] = d
     q = (v + 128).astype(np.uint8).reshape(G, 8, nb, 8, 4).transpose(0, 2, 3, 1, 4)
-    return np.ascontiguousarray(q).reshape(G, nb * 256), np.ascontiguousarray(dd.reshape(G, 8, nb).transpose(0, 2, 1)).reshape(G, nb * 8)
+    dd = dd.reshape(G, 8, nb).transpose(0, 2, 1)
+    return np.ascontiguousarray(q).reshape(G, nb * 256), np.ascontiguousarray(dd).reshape(G, nb * 8)
 
 
 def q4_0(raw):
@@ -128,11 +129,29 @@ def _scale_min_k4(s: np.ndarray):
 
 
 def q4_k(raw):
-    """-> qs (N, K/2): per 64 elements 32 bytes, low nibbles = first 32, high = next 32;
-    sc, mn uint8 (N, K/32); d, dmin f32 (N, K/256). Value = d * sc * q - dmin * mn."""
+    """-> qs (G, K * 4), sc, mn uint8 (G, K / 4), d, dmin fp16 bits uint16 (G, K / 32): rows interleaved 8 by 8
+    (k_kquants_x8.py's layout). Value = d * sc * q - dmin * mn."""
     b = _blocks(raw, 144)
+    N, ns = b.shape[:2]
+    G = -(-N // 8)
     sc, mn = _scale_min_k4(b[..., 4:16])
-    return _bytes(b[..., 16:]), _bytes(sc), _bytes(mn), _f16(b[..., 0:2]), _f16(b[..., 2:4])
+    qs = _pad8(b[..., 16:]).reshape(G, 8, ns, 4, 8, 4).transpose(0, 2, 3, 4, 1, 5)  # (g, s, chunk, quad, row, byte)
+
+    def per_row(a):  # (N, ns, ...) -> (G, ns, ..., 8): the 8 rows of a group side by side
+        a = _pad8(a).reshape((G, 8) + a.shape[1:])
+        return np.moveaxis(a, 1, -1)
+    return tuple(np.ascontiguousarray(a).reshape(G, -1) for a in (
+        qs, per_row(sc), per_row(mn), per_row(_f16_bits(b[..., 0:2])), per_row(_f16_bits(b[..., 2:4]))))
+
+
+def _pad8(a: np.ndarray) -> np.ndarray:
+    """a (N, ...) with zero rows appended up to a multiple of 8."""
+    N = a.shape[0]
+    if N % 8 == 0:
+        return a
+    z = np.zeros((N + (-N) % 8,) + a.shape[1:], a.dtype)
+    z[:N] = a
+    return z
 
 
 def q5_k(raw):
