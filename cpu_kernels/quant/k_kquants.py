@@ -1,4 +1,5 @@
-"""Kernels for the 256-element super-block formats Q5_K and Q6_K (Q4_K: k_kquants_x8.py).
+"""Kernels for the 256-element super-block format Q5_K, and the Q6_K value decoder (Q4_K and Q6_K kernels:
+k_kquants_x8.py).
 
 Same contracts as k_legacy.py: gemv_*(packed..., x f32 (M, K), out f32 (M, N)) with Q8 activations,
 deq_*(packed..., rows int64 (T,), out (T, K)) bit-equal to gguf's numpy dequantize (f32 out) or
@@ -10,9 +11,8 @@ import numpy as np
 from numba import njit, prange
 
 from .q8act import quantize_act
-from .simd import (CACHE, PREFETCH_AHEAD, bcast, dpbusd, hsum, i8_to_f32, lanes2, load_dup2, load_f32x8, load_i32x8,
-                   load_u8x32, load_u8x8, muladd, pair16, prefetch, store, to_f32, u8_to_f32, vand, vmul, vor, vshl,
-                   vshr, vsub, zero_f32x8, zero_i32x8)
+from .simd import (CACHE, bcast, dpbusd, hsum, load_f32x8, load_u8x32, load_u8x8, muladd, store, to_f32, u8_to_f32,
+                   vand, vmul, vor, vshl, vshr, vsub, zero_f32x8, zero_i32x8)
 
 
 # Q5_K ------------------------------------------------------------------------------------
@@ -77,52 +77,3 @@ def deq_q5_k(qs, qh, sc, mn, d, dmin, rows, out):
 def q6k_group(qa, qb, hv, k):
     lo = (vshr(qb, 4) if k == 3 else vshr(qa, 4)) if k >= 2 else (vand(qb, 15) if k == 1 else vand(qa, 15))
     return vor(lo, vshl(vand(vshr(hv, 2 * k), 3), 4))
-
-
-@njit(parallel=True, cache=CACHE)
-def gemv_q6_k(ql, qh, sc, d, x, out):
-    xq, xd, xn4, xs32, xs16 = quantize_act(x)
-    M, K = x.shape
-    N, ns = d.shape
-    nb = K // 32
-    for n in prange(N):
-        for m in range(M):
-            acc = zero_f32x8()
-            for s in range(ns):
-                prefetch(ql, n * (K // 2) + s * 128 + PREFETCH_AHEAD)
-                prefetch(ql, n * (K // 2) + s * 128 + PREFETCH_AHEAD + 64)
-                prefetch(qh, n * (K // 4) + s * 64 + PREFETCH_AHEAD // 2)
-                for h in range(2):
-                    lo = n * (K // 2) + s * 128 + h * 64
-                    qa = load_u8x32(ql, lo)
-                    qb = load_u8x32(ql, lo + 32)
-                    hv = load_u8x32(qh, n * (K // 4) + s * 64 + h * 32)
-                    e = s * 256 + h * 128
-                    # the 8 sub-block scales of this half times their groups' activation scales
-                    scl = vmul(vmul(i8_to_f32(load_u8x8(sc, n * (K // 16) + e // 16)), load_dup2(xd, m * nb + e // 32)),
-                               d[n, s])
-                    for k in range(4):
-                        # lanes start at -32 * (sum of 4 activations): q is stored + 32
-                        init = vshl(load_i32x8(xn4, m * (K // 4) + e // 4 + 8 * k), 5)
-                        iv = dpbusd(init, q6k_group(qa, qb, hv, k), load_u8x32(xq, m * K + e + 32 * k))
-                        acc = muladd(acc, to_f32(iv), lanes2(scl, k))
-            out[m, n] = hsum(acc)
-
-
-@njit(parallel=True, cache=CACHE)
-def deq_q6_k(ql, qh, sc, d, rows, out):
-    N, ns = d.shape
-    K = ns * 256
-    for t in prange(rows.shape[0]):
-        n = rows[t]
-        for s in range(ns):
-            for h in range(2):
-                lo = n * (K // 2) + s * 128 + h * 64
-                qa = load_u8x32(ql, lo)
-                qb = load_u8x32(ql, lo + 32)
-                hv = load_u8x32(qh, n * (K // 4) + s * 64 + h * 32)
-                for k in range(4):
-                    j = s * 16 + h * 8 + 2 * k
-                    scale = pair16(d[n, s] * np.float32(sc[n, j]), d[n, s] * np.float32(sc[n, j + 1]))
-                    q = i8_to_f32(vsub(q6k_group(qa, qb, hv, k), 32))
-                    store(out, t * K + j * 16, vmul(q, scale))

@@ -1,4 +1,4 @@
-"""Q4_K with rows interleaved 8 by 8: k_bytes.py's scheme (one int32 lane per weight row, activation quads
+"""Q4_K and Q6_K with rows interleaved 8 by 8: k_bytes.py's scheme (one int32 lane per weight row, activation quads
 broadcast, 4 activation rows per weight load) for the 4.5-bit super-block format.
 
 Layout (repack.q4_k), G = ceil(N / 8), ns = K / 256, row r of group g:
@@ -15,10 +15,11 @@ import numpy as np
 from numba import njit, prange
 
 from .k_bytes import store_rows
+from .k_kquants import q6k_group
 from .q8act import quantize_act
-from .simd import (CACHE, PREFETCH_AHEAD, dpbusd, f16_to_f32, load_bcast4, load_f16x8, load_strided4, load_u8x8,
-                   load_u8x32, muladd, prefetch, store, to_f32, u8_to_f32, vadd, vand, vmul, vshr, vsub, zero_f32x8,
-                   zero_i32x8)
+from .simd import (CACHE, PREFETCH_AHEAD, dpbusd, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_strided4,
+                   load_u8x8, load_u8x32, muladd, pair16, prefetch, splat_i32, store, to_f32, u8_to_f32, vadd, vand, vmul,
+                   vshr, vsub, zero_f32x8, zero_i32x8)
 
 
 @njit(cache=CACHE)
@@ -136,3 +137,139 @@ def deq_q4_k(qs, sc, mn, d, dmin, rows, out):
                     ml = dm * np.float32(mn[g, 64 * s + 8 * j + r])
                     q = u8_to_f32(vshr(v, 4) if half else vand(v, 15))
                     store(out, t * K + s * 256 + j * 32, vsub(vmul(q, dl), ml))
+
+
+# Q6_K -------------------------------------------------------------------------------------------
+# Layout (repack.q6_k), half h (128 elements) of super-block s, quad k (l = 4k..4k+3 of GGUF's 32-wide loops):
+#   ql uint8 (G, ns * 1024): at 512 (2 s + h) + 64 k + 32 p + 4 r + i, GGUF's ql byte 64 h + 32 p + 4 k + i;
+#   qh uint8 (G, ns * 512): at 256 (2 s + h) + 32 k + 4 r + i, GGUF's qh byte 32 h + 4 k + i;
+#   sc int8 (G, ns * 128): scale of 16-group j at 128 s + 8 j + r; d uint16 (G, ns * 8): fp16 bits at 8 s + r.
+# Element 128 h + 32 t + 4 k + i (t = 0..3) is q6k_group t of those bytes, minus 32.
+@njit(cache=CACHE)
+def q6_quads(ql, qh, o, oh):
+    """The four u8x32 of 6-bit values q + 32 (t = 0..3: elements +0, +32, +64, +96) of one quad of 8 rows."""
+    a = load_u8x32(ql, o)
+    b = load_u8x32(ql, o + 32)
+    h = load_u8x32(qh, oh)
+    return q6k_group(a, b, h, 0), q6k_group(a, b, h, 1), q6k_group(a, b, h, 2), q6k_group(a, b, h, 3)
+
+
+@njit(cache=CACHE)
+def prefetch_half(ql, qh, sc, o, oh, so):
+    for line in range(8):
+        prefetch(ql, o + PREFETCH_AHEAD + 64 * line)
+    for line in range(4):
+        prefetch(qh, oh + PREFETCH_AHEAD // 2 + 64 * line)
+    prefetch(sc, so + PREFETCH_AHEAD // 8)
+
+
+@njit(cache=CACHE)
+def group16_offsets(xn4, K):
+    """int32 (M, K / 16): -32 times the sum of each 16 activations' int8 values (Q6_K stores q + 32)."""
+    M = xn4.shape[0]
+    s = np.empty((M, K // 16), np.int32)
+    for m in range(M):
+        for j in range(K // 16):
+            s[m, j] = 32 * (xn4[m, 4 * j] + xn4[m, 4 * j + 1] + xn4[m, 4 * j + 2] + xn4[m, 4 * j + 3])
+    return s
+
+
+@njit(cache=CACHE)
+def q6_scale(sc, d, g, ns, s, j):
+    """f32x8 per row: d * sc_j for 16-group j of super-block s."""
+    return vmul(i8_to_f32(load_u8x8(sc, (g * ns + s) * 128 + 8 * j)), load_f16x8(d, (g * ns + s) * 8))
+
+
+@njit(parallel=True, cache=CACHE)
+def gemv_q6_k(ql, qh, sc, d, x, out):
+    xq, xd, xn4, xs32, xs16 = quantize_act(x)
+    M, K = x.shape
+    G = ql.shape[0]
+    ns = K // 256
+    o16 = group16_offsets(xn4, K)
+    for g in prange(G):
+        if M < 4:
+            for m in range(M):
+                acc = zero_f32x8()
+                for s in range(ns):
+                    for h in range(2):
+                        o = (2 * (g * ns + s) + h) * 512
+                        oh = (2 * (g * ns + s) + h) * 256
+                        if m == 0:
+                            prefetch_half(ql, qh, sc, o, oh, (g * ns + s) * 128)
+                        for half in range(2):  # quads 0..3 and 4..7: 16-groups 2 t + half
+                            e = s * 256 + h * 128 + 16 * half  # first element of group t = 0
+                            j0 = e // 16
+                            i0, i1 = splat_i32(o16[m, j0]), splat_i32(o16[m, j0 + 2])
+                            i2, i3 = splat_i32(o16[m, j0 + 4]), splat_i32(o16[m, j0 + 6])
+                            for k in range(4 * half, 4 * half + 4):
+                                v0, v1, v2, v3 = q6_quads(ql, qh, o + 64 * k, oh + 32 * k)
+                                xo = m * K + s * 256 + h * 128 + 4 * k
+                                i0 = dpbusd(i0, v0, load_bcast4(xq, xo))
+                                i1 = dpbusd(i1, v1, load_bcast4(xq, xo + 32))
+                                i2 = dpbusd(i2, v2, load_bcast4(xq, xo + 64))
+                                i3 = dpbusd(i3, v3, load_bcast4(xq, xo + 96))
+                            jl = 8 * h + half  # group index within the super-block for t = 0
+                            acc = muladd(acc, to_f32(i0), vmul(q6_scale(sc, d, g, ns, s, jl), xd[m, e // 32]))
+                            acc = muladd(acc, to_f32(i1), vmul(q6_scale(sc, d, g, ns, s, jl + 2), xd[m, e // 32 + 1]))
+                            acc = muladd(acc, to_f32(i2), vmul(q6_scale(sc, d, g, ns, s, jl + 4), xd[m, e // 32 + 2]))
+                            acc = muladd(acc, to_f32(i3), vmul(q6_scale(sc, d, g, ns, s, jl + 6), xd[m, e // 32 + 3]))
+                store_rows(out, m, 8 * g, acc)
+            continue
+        # 4 activation rows per pass, the last pass moved back to end at M (inline: see k_bytes.gemv_q8_0)
+        for m in range(0, M, 4):
+            m0 = min(m, M - 4)
+            a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
+            for s in range(ns):
+                for h in range(2):
+                    o = (2 * (g * ns + s) + h) * 512
+                    oh = (2 * (g * ns + s) + h) * 256
+                    if m == 0:
+                        prefetch_half(ql, qh, sc, o, oh, (g * ns + s) * 128)
+                    for half in range(2):
+                        e = s * 256 + h * 128 + 16 * half
+                        j0 = e // 16
+                        jl = 8 * h + half
+                        for t in range(4):  # one 16-group of each row per pass: 4 chains, 4 activation rows
+                            c0, c1 = splat_i32(o16[m0, j0 + 2 * t]), splat_i32(o16[m0 + 1, j0 + 2 * t])
+                            c2, c3 = splat_i32(o16[m0 + 2, j0 + 2 * t]), splat_i32(o16[m0 + 3, j0 + 2 * t])
+                            for k in range(4 * half, 4 * half + 4):
+                                a = load_u8x32(ql, o + 64 * k)
+                                b = load_u8x32(ql, o + 64 * k + 32)
+                                v = q6k_group(a, b, load_u8x32(qh, oh + 32 * k), t)
+                                xo = m0 * K + s * 256 + h * 128 + 32 * t + 4 * k
+                                c0 = dpbusd(c0, v, load_bcast4(xq, xo))
+                                c1 = dpbusd(c1, v, load_bcast4(xq, xo + K))
+                                c2 = dpbusd(c2, v, load_bcast4(xq, xo + 2 * K))
+                                c3 = dpbusd(c3, v, load_bcast4(xq, xo + 3 * K))
+                            sj = q6_scale(sc, d, g, ns, s, jl + 2 * t)
+                            b32 = e // 32 + t
+                            a0 = muladd(a0, to_f32(c0), vmul(sj, xd[m0, b32]))
+                            a1 = muladd(a1, to_f32(c1), vmul(sj, xd[m0 + 1, b32]))
+                            a2 = muladd(a2, to_f32(c2), vmul(sj, xd[m0 + 2, b32]))
+                            a3 = muladd(a3, to_f32(c3), vmul(sj, xd[m0 + 3, b32]))
+            store_rows(out, m0, 8 * g, a0)
+            store_rows(out, m0 + 1, 8 * g, a1)
+            store_rows(out, m0 + 2, 8 * g, a2)
+            store_rows(out, m0 + 3, 8 * g, a3)
+
+
+@njit(parallel=True, cache=CACHE)
+def deq_q6_k(ql, qh, sc, d, rows, out):
+    K = out.shape[1]
+    ns = K // 256
+    for t in prange(rows.shape[0]):
+        g, r = rows[t] >> 3, rows[t] & 7
+        for s in range(ns):
+            dd = f16_to_f32(d[g, 8 * s + r])
+            for h in range(2):
+                o = (2 * (g * ns + s) + h) * 512 + 4 * r
+                qa = load_strided4(ql, o, 64)  # GGUF's ql, qh bytes of this half, in order
+                qb = load_strided4(ql, o + 32, 64)
+                hv = load_strided4(qh, (2 * (g * ns + s) + h) * 256 + 4 * r, 32)
+                for k in range(4):
+                    j = s * 16 + h * 8 + 2 * k
+                    scale = pair16(dd * np.float32(np.int8(sc[g, 128 * s + 8 * (j % 16) + r])),
+                                   dd * np.float32(np.int8(sc[g, 128 * s + 8 * (j % 16 + 1) + r])))
+                    q = i8_to_f32(vsub(q6k_group(qa, qb, hv, k), 32))
+                    store(out, t * K + j * 16, vmul(q, scale))

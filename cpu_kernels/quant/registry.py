@@ -73,7 +73,8 @@ FORMATS: dict[Q, QuantFormat] = {
                row_block=8),
         _quant(Q.Q5_K, ("qs", "qh", "sc", "mn", "d", "dmin"), repack.q5_k, k_kquants.gemv_q5_k,
                k_kquants.deq_q5_k),
-        _quant(Q.Q6_K, ("ql", "qh", "sc", "d"), repack.q6_k, k_kquants.gemv_q6_k, k_kquants.deq_q6_k),
+        _quant(Q.Q6_K, ("ql", "qh", "sc", "d"), repack.q6_k, k_kquants_x8.gemv_q6_k, k_kquants_x8.deq_q6_k,
+               row_block=8),
     )
 }
 

@@ -164,11 +164,16 @@ def q5_k(raw):
 
 
 def q6_k(raw):
-    """-> ql (N, K/2), qh (N, K/4) in GGUF order (see the Q6_K kernel), sc int8 (N, K/16),
-    d f32 (N, K/256). Value = d * sc * (q - 32)."""
+    """-> ql (G, K * 4), qh (G, K * 2), sc int8 (G, K / 2), d fp16 bits uint16 (G, K / 32): rows interleaved 8 by 8
+    (k_kquants_x8.py's layout). Value = d * sc * (q - 32)."""
     b = _blocks(raw, 210)
-    return (_bytes(b[..., 0:128]), _bytes(b[..., 128:192]), _bytes(b[..., 192:208]).view(np.int8),
-            _f16(b[..., 208:210]))
+    N, ns = b.shape[:2]
+    G = -(-N // 8)
+    ql = _pad8(b[..., 0:128]).reshape(G, 8, ns, 2, 2, 8, 4).transpose(0, 2, 3, 5, 4, 1, 6)  # (g, s, h, quad, p, row, i)
+    qh = _pad8(b[..., 128:192]).reshape(G, 8, ns, 2, 8, 4).transpose(0, 2, 3, 4, 1, 5)  # (g, s, h, quad, row, i)
+    sc = np.moveaxis(_pad8(b[..., 192:208].view(np.int8)).reshape(G, 8, ns, 16), 1, -1)  # (g, s, j, row)
+    d = np.moveaxis(_pad8(_f16_bits(b[..., 208:210])).reshape(G, 8, ns), 1, -1)
+    return tuple(np.ascontiguousarray(a).reshape(G, -1) for a in (ql, qh, sc, d))
 
 
 def float_rows(raw, K: int, dtype):
