@@ -18,8 +18,8 @@ from .k_bytes import store_rows
 from .k_kquants import q6k_group
 from .q8act import quantize_act
 from .simd import (CACHE, PREFETCH_AHEAD, dpbusd, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_strided4,
-                   load_u8x8, load_u8x32, muladd, pair16, prefetch, splat_i32, store, to_f32, u8_to_f32, vadd, vand, vmul,
-                   vshr, vsub, zero_f32x8, zero_i32x8)
+                   load_u8x8, load_u8x32, muladd, pair16, prefetch, splat_i32, store, to_f32, u8_to_f32, vadd, vand,
+                   vmul, vshr, vsub, zero_f32x8, zero_i32x8)
 
 
 @njit(cache=CACHE)
