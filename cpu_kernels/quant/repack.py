@@ -131,6 +131,12 @@ def _scale_min_k4(s: np.ndarray):
 def q4_k(raw):
     """-> qs (G, K * 4), sc, mn uint8 (G, K / 4), d, dmin fp16 bits uint16 (G, K / 32): rows interleaved 8 by 8
     (k_kquants_x8.py's layout). Value = d * sc * q - dmin * mn."""
+    from . import repack_fast
+    return repack_fast.q4_k(_byte_rows(raw))
+
+
+def q4_k_numpy(raw):
+    """q4_k in numpy (the reference repack_fast is tested against; its 6-D transposes took 17 s of an 8B load)."""
     b = _blocks(raw, 144)
     N, ns = b.shape[:2]
     G = -(-N // 8)
@@ -166,6 +172,12 @@ def q5_k(raw):
 def q6_k(raw):
     """-> ql (G, K * 4), qh (G, K * 2), sc int8 (G, K / 2), d fp16 bits uint16 (G, K / 32): rows interleaved 8 by 8
     (k_kquants_x8.py's layout). Value = d * sc * (q - 32)."""
+    from . import repack_fast
+    return repack_fast.q6_k(_byte_rows(raw))
+
+
+def q6_k_numpy(raw):
+    """q6_k in numpy (the reference repack_fast is tested against)."""
     b = _blocks(raw, 210)
     N, ns = b.shape[:2]
     G = -(-N // 8)

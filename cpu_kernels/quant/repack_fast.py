@@ -14,7 +14,9 @@ def outputs(N: int, nb: int):
     pages on large arrays (Numba's allocator does not), and the 4 KiB pages' TLB misses cost the 262144 x 640
     GEMV ~10 % from DRAM."""
     G = (N + 7) // 8
-    return np.empty((G, nb * 256), np.uint8), np.empty((G, nb * 8), np.uint16)
+    q, d = np.empty((G, nb * 256), np.uint8), np.empty((G, nb * 8), np.uint16)
+    q[-1], d[-1] = 128, 0  # rows past N: zero values, zero scales (the kernels fill the rest)
+    return q, d
 
 
 def q8_0(raw):
@@ -38,8 +40,6 @@ def _q8_0(raw, q, d):
     N = raw.shape[0]
     nb = raw.shape[1] // 34
     G = q.shape[0]
-    q[G - 1] = 128  # rows past N: zero values, zero scales
-    d[G - 1] = 0
     for g in prange(G):
         for r in range(min(8, N - 8 * g)):
             n = 8 * g + r
@@ -55,8 +55,6 @@ def _q5_0(raw, q, d):
     N = raw.shape[0]
     nb = raw.shape[1] // 22
     G = q.shape[0]
-    q[G - 1] = 128
-    d[G - 1] = 0
     for g in prange(G):
         for r in range(min(8, N - 8 * g)):
             n = 8 * g + r
@@ -71,3 +69,72 @@ def _q5_0(raw, q, d):
                     v = (byte & np.uint32(15)) if e < 16 else (byte >> np.uint32(4))
                     v |= ((qh >> np.uint32(e)) & np.uint32(1)) << np.uint32(4)
                     q[g, 256 * b + 32 * (e >> 2) + 4 * r + (e & 3)] = np.uint8(v + np.uint32(112))
+
+
+def q4_k(raw):
+    """raw uint8 (N, ns * 144) -> repack.q4_k_numpy's arrays (k_kquants_x8's layout), numpy-allocated."""
+    N, ns = raw.shape[0], raw.shape[1] // 144
+    G = (N + 7) // 8
+    out = (np.empty((G, ns * 1024), np.uint8), np.empty((G, ns * 64), np.uint8), np.empty((G, ns * 64), np.uint8),
+           np.empty((G, ns * 8), np.uint16), np.empty((G, ns * 8), np.uint16))
+    for a in out:
+        a[-1] = 0  # rows past N
+    _q4_k(raw, *out)
+    return out
+
+
+def q6_k(raw):
+    """raw uint8 (N, ns * 210) -> repack.q6_k_numpy's arrays (k_kquants_x8's layout), numpy-allocated."""
+    N, ns = raw.shape[0], raw.shape[1] // 210
+    G = (N + 7) // 8
+    out = (np.empty((G, ns * 1024), np.uint8), np.empty((G, ns * 512), np.uint8), np.empty((G, ns * 128), np.int8),
+           np.empty((G, ns * 8), np.uint16))
+    for a in out:
+        a[-1] = 0
+    _q6_k(raw, out[0], out[1], out[2].view(np.uint8), out[3])
+    return out
+
+
+@njit(cache=CACHE)
+def _u16(raw, n, o):
+    return np.uint16(raw[n, o]) | (np.uint16(raw[n, o + 1]) << np.uint16(8))
+
+
+@njit(parallel=True, cache=CACHE)
+def _q4_k(raw, qs, sc, mn, d, dmin):
+    N, ns, G = raw.shape[0], raw.shape[1] // 144, qs.shape[0]
+    for g in prange(G):
+        for r in range(min(8, N - 8 * g)):
+            n = 8 * g + r
+            for s in range(ns):
+                o = s * 144
+                d[g, 8 * s + r] = _u16(raw, n, o)
+                dmin[g, 8 * s + r] = _u16(raw, n, o + 2)
+                for j in range(4):  # ggml's get_scale_min_k4
+                    lo, hi, md = raw[n, o + 4 + j], raw[n, o + 8 + j], raw[n, o + 12 + j]
+                    sc[g, 64 * s + 8 * j + r] = lo & np.uint8(63)
+                    mn[g, 64 * s + 8 * j + r] = hi & np.uint8(63)
+                    sc[g, 64 * s + 8 * (j + 4) + r] = (md & np.uint8(15)) | ((lo >> np.uint8(2)) & np.uint8(0x30))
+                    mn[g, 64 * s + 8 * (j + 4) + r] = (md >> np.uint8(4)) | ((hi >> np.uint8(2)) & np.uint8(0x30))
+                for c in range(4):
+                    for i in range(32):
+                        qs[g, 1024 * s + 256 * c + 32 * (i >> 2) + 4 * r + (i & 3)] = raw[n, o + 16 + 32 * c + i]
+
+
+@njit(parallel=True, cache=CACHE)
+def _q6_k(raw, ql, qh, sc, d):
+    N, ns, G = raw.shape[0], raw.shape[1] // 210, ql.shape[0]
+    for g in prange(G):
+        for r in range(min(8, N - 8 * g)):
+            n = 8 * g + r
+            for s in range(ns):
+                o = s * 210
+                for bi in range(128):  # ql byte 64 h + 32 p + 4 k + i
+                    h, p, k, i = bi >> 6, (bi >> 5) & 1, (bi >> 2) & 7, bi & 3
+                    ql[g, 512 * (2 * s + h) + 64 * k + 32 * p + 4 * r + i] = raw[n, o + bi]
+                for bi in range(64):  # qh byte 32 h + 4 k + i
+                    h, k, i = bi >> 5, (bi >> 2) & 7, bi & 3
+                    qh[g, 256 * (2 * s + h) + 32 * k + 4 * r + i] = raw[n, o + 128 + bi]
+                for j in range(16):
+                    sc[g, 128 * s + 8 * j + r] = raw[n, o + 192 + j]
+                d[g, 8 * s + r] = _u16(raw, n, o + 208)

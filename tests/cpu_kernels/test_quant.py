@@ -170,12 +170,12 @@ def test_stack_and_rows(case):
             QuantLinear.stack(parts[::-1])
 
 
-@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 def test_numba_repack_equals_numpy(t):
     """The load-time Numba repackers against their numpy twins, on writable and read-only (memmap-like) rows."""
     from cpu_kernels.quant import repack
-    fast, ref = {Q.Q8_0: (repack.q8_0, repack.q8_0_numpy), Q.Q5_0: (repack.q5_0, repack.q5_0_numpy)}[t]
-    raw = quantize(t, np.random.default_rng(7).standard_normal((37, 320)).astype(np.float32))
+    fast, ref = getattr(repack, t.name.lower()), getattr(repack, t.name.lower() + "_numpy")
+    raw = quantize(t, np.random.default_rng(7).standard_normal((37, 512)).astype(np.float32))
     ro = raw.copy()
     ro.setflags(write=False)
     want = ref(raw)
