@@ -1,15 +1,19 @@
-"""Kernels for the byte-per-value formats (Q8_0, and Q5_0 unpacked to bytes), 8 rows interleaved.
+"""Kernels for Q8_0 and Q5_0 with rows interleaved 8 by 8.
 
-Layout (repack.q8_0 / repack.q5_0): q uint8 (G, nb * 256), G = ceil(N / 8): for row group g, block b, quad j,
-row r, byte i, q[g, 256 b + 32 j + 4 r + i] = value(8 g + r, 32 b + 4 j + i) + 128; d uint16 (G, nb * 8): the
-fp16 scale of (8 g + r, b) at d[g, 8 b + r]. Rows past N are zero. One vpdpbusd then multiplies an activation
-quad (broadcast) by the same quad of 8 rows, so each int32 lane is one output row: no horizontal sums, and a
-block's weights loaded once serve 4 activation rows (a 16-row step over the 262144 x 640 output matrix 3.3x faster
-than one row at a time).
+Q8_0 layout (repack.q8_0): q uint8 (G, nb * 256), G = ceil(N / 8): for row group g, block b, quad j, row r, byte i,
+q[g, 256 b + 32 j + 4 r + i] = value(8 g + r, 32 b + 4 j + i) + 128; d uint16 (G, nb * 8): the fp16 scale of
+(8 g + r, b) at d[g, 8 b + r]. Rows past N are zero. One vpdpbusd then multiplies an activation quad (broadcast)
+by the same quad of 8 rows, so each int32 lane is one output row: no horizontal sums, and a block's weights
+loaded once serve 4 activation rows (a 16-row step over the 262144 x 640 output matrix 3.3x faster than one row
+at a time).
+Q5_0 layout (repack.q5_0), packed as in the file (decode reads 22 bytes per 32 values, not 32): qs uint8
+(G, nb * 128): at 128 b + 32 k + 4 r + i GGUF's qs byte 4 k + i of row r (low nibble: element 4 k + i, high:
+element 16 + 4 k + i), k = 0..3; qh uint32 (G, nb * 8): word 8 b + k has bit 4 r + i = the fifth bit of element
+4 k + i of row r (k = 0..7); d as Q8_0. Value = d * (q - 16).
 
-gemv(q, d, x f32 (M, K), out f32 (M, N)): out = x @ W^T with Q8 activations; a row's result is bitwise the same
-whatever M is (the integer block dots are exact, the float steps identical). deq(q, d, rows, out f32 or uint16
-bf16 bits (T, K)): out[t] = W[rows[t]] with gguf's float32 operations.
+gemv(packed..., x f32 (M, K), out f32 (M, N)): out = x @ W^T with Q8 activations; a row's result is bitwise the
+same whatever M is (the integer block dots are exact, the float steps identical). deq(packed..., rows, out f32 or
+uint16 bf16 bits (T, K)): out[t] = W[rows[t]] with gguf's float32 operations.
 """
 from __future__ import annotations
 
@@ -17,14 +21,15 @@ import numpy as np
 from numba import njit, prange
 
 from .q8act import quantize_act
-from .simd import (CACHE, PREFETCH_AHEAD, dpbusd, f16_to_f32, i8_to_f32, lane, load_bcast4, load_f16x8, load_strided4,
-                   load_u8x32, muladd, prefetch, splat_i32, store, to_f32, vadd, vmul, vsub, zero_f32x8)
+from .simd import (CACHE, PREFETCH_AHEAD, bits_to_bytes, concat, dpbusd, f16_to_f32, i8_to_f32, lane, load_bcast4,
+                   load_f16x8, load_strided4, load_strided4x4, load_u8x32, muladd, prefetch, splat_i32, store, to_f32,
+                   vadd, vand, vmul, vor, vshl, vshr, vsub, zero_f32x8)
 
 
 @njit(cache=CACHE)
-def block_offsets(xn4, nb):
-    """int32 (M, nb): -128 times the sum of each activation block's int8 values, the start of a block's
-    integer dot (the weights are stored value + 128)."""
+def block_offsets(xn4, nb, offset):
+    """int32 (M, nb): -offset times the sum of each activation block's int8 values, the start of a block's
+    integer dot (the weights are stored value + offset)."""
     M = xn4.shape[0]
     s = np.empty((M, nb), np.int32)
     for m in range(M):
@@ -32,7 +37,7 @@ def block_offsets(xn4, nb):
             t = 0
             for j in range(8):
                 t += xn4[m, 8 * b + j]
-            s[m, b] = 128 * t
+            s[m, b] = offset * t
     return s
 
 
@@ -71,7 +76,7 @@ def gemv_q8_0(q, d, x, out):
     M, K = x.shape
     G = q.shape[0]
     nb = K // 32
-    s = block_offsets(xn4, nb)
+    s = block_offsets(xn4, nb, 128)
     for g in prange(G):
         if M < 4:
             for m in range(M):
@@ -121,3 +126,91 @@ def deq_q8_0(q, d, rows, out):
         for b in range(nb):
             v = i8_to_f32(vsub(load_strided4(q, (g * nb + b) * 256 + 4 * r, 32), 128))
             store(out, t * K + b * 32, vmul(v, f16_to_f32(d[g, 8 * b + r])))
+
+
+# Q5_0 -------------------------------------------------------------------------------------------
+@njit(cache=CACHE)
+def q5_quads(qs, qh, g, nb, b, k):
+    """u8x32 of 5-bit values (8 rows x 4) of quads k and k + 4 of block b (k = 0..3)."""
+    v = load_u8x32(qs, (g * nb + b) * 128 + 32 * k)
+    lo = vor(vand(v, 15), vshl(bits_to_bytes(qh[g, 8 * b + k]), 4))
+    hi = vor(vshr(v, 4), vshl(bits_to_bytes(qh[g, 8 * b + k + 4]), 4))
+    return lo, hi
+
+
+@njit(cache=CACHE)
+def prefetch_q5(qs, qh, d, g, nb, b):
+    prefetch(qs, (g * nb + b) * 128 + PREFETCH_AHEAD)
+    prefetch(qs, (g * nb + b) * 128 + PREFETCH_AHEAD + 64)
+    prefetch(qh, (g * nb + b) * 8 + PREFETCH_AHEAD // 16)
+    prefetch(d, (g * nb + b) * 8 + PREFETCH_AHEAD // 16)
+
+
+@njit(parallel=True, cache=CACHE)
+def gemv_q5_0(qs, qh, d, x, out):
+    xq, xd, xn4, xs32, xs16 = quantize_act(x)
+    M, K = x.shape
+    G = qs.shape[0]
+    nb = K // 32
+    s = block_offsets(xn4, nb, 16)
+    for g in prange(G):
+        if M < 4:
+            for m in range(M):
+                acc = zero_f32x8()
+                for b in range(nb):
+                    if m == 0:
+                        prefetch_q5(qs, qh, d, g, nb, b)
+                    xo = m * K + b * 32
+                    a, c = splat_i32(s[m, b]), splat_i32(0)
+                    for k in range(4):
+                        lo, hi = q5_quads(qs, qh, g, nb, b, k)
+                        a = dpbusd(a, lo, load_bcast4(xq, xo + 4 * k))
+                        c = dpbusd(c, hi, load_bcast4(xq, xo + 16 + 4 * k))
+                    acc = muladd(acc, to_f32(vadd(a, c)), vmul(load_f16x8(d, (g * nb + b) * 8), xd[m, b]))
+                store_rows(out, m, 8 * g, acc)
+            continue
+        for m in range(0, M, 4):  # as gemv_q8_0
+            m0 = min(m, M - 4)
+            a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
+            for b in range(nb):
+                if m == 0:
+                    prefetch_q5(qs, qh, d, g, nb, b)
+                i0, i1 = splat_i32(s[m0, b]), splat_i32(s[m0 + 1, b])
+                i2, i3 = splat_i32(s[m0 + 2, b]), splat_i32(s[m0 + 3, b])
+                z = splat_i32(0)
+                h0, h1, h2, h3 = z, z, z, z
+                x0 = m0 * K + b * 32
+                for k in range(4):
+                    lo, hi = q5_quads(qs, qh, g, nb, b, k)
+                    i0 = dpbusd(i0, lo, load_bcast4(xq, x0 + 4 * k))
+                    i1 = dpbusd(i1, lo, load_bcast4(xq, x0 + K + 4 * k))
+                    i2 = dpbusd(i2, lo, load_bcast4(xq, x0 + 2 * K + 4 * k))
+                    i3 = dpbusd(i3, lo, load_bcast4(xq, x0 + 3 * K + 4 * k))
+                    h0 = dpbusd(h0, hi, load_bcast4(xq, x0 + 16 + 4 * k))
+                    h1 = dpbusd(h1, hi, load_bcast4(xq, x0 + K + 16 + 4 * k))
+                    h2 = dpbusd(h2, hi, load_bcast4(xq, x0 + 2 * K + 16 + 4 * k))
+                    h3 = dpbusd(h3, hi, load_bcast4(xq, x0 + 3 * K + 16 + 4 * k))
+                dw = load_f16x8(d, (g * nb + b) * 8)
+                a0 = muladd(a0, to_f32(vadd(i0, h0)), vmul(dw, xd[m0, b]))
+                a1 = muladd(a1, to_f32(vadd(i1, h1)), vmul(dw, xd[m0 + 1, b]))
+                a2 = muladd(a2, to_f32(vadd(i2, h2)), vmul(dw, xd[m0 + 2, b]))
+                a3 = muladd(a3, to_f32(vadd(i3, h3)), vmul(dw, xd[m0 + 3, b]))
+            store_rows(out, m0, 8 * g, a0)
+            store_rows(out, m0 + 1, 8 * g, a1)
+            store_rows(out, m0 + 2, 8 * g, a2)
+            store_rows(out, m0 + 3, 8 * g, a3)
+
+
+@njit(parallel=True, cache=CACHE)
+def deq_q5_0(qs, qh, d, rows, out):
+    K = out.shape[1]
+    nb = K // 32
+    for t in prange(rows.shape[0]):
+        g, r = rows[t] >> 3, rows[t] & 7
+        for b in range(nb):
+            v = load_strided4x4(qs, (g * nb + b) * 128 + 4 * r, 32)  # GGUF's 16 qs bytes of the row
+            h = np.uint32(0)
+            for k in range(8):
+                h |= ((qh[g, 8 * b + k] >> np.uint32(4 * r)) & np.uint32(15)) << np.uint32(4 * k)
+            q = vor(concat(vand(v, 15), vshr(v, 4)), vshl(bits_to_bytes(h), 4))
+            store(out, t * K + b * 32, vmul(i8_to_f32(vsub(q, 16)), f16_to_f32(d[g, 8 * b + r])))

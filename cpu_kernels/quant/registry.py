@@ -64,7 +64,7 @@ FORMATS: dict[Q, QuantFormat] = {
         _float(Q.BF16, np.uint16, k_float.gemv_bf16, k_float.deq_bf16),
         _quant(Q.Q4_0, ("qs", "d"), repack.q4_0, k_legacy.gemv_q4_0, k_legacy.deq_q4_0),
         _quant(Q.Q4_1, ("qs", "d", "m"), repack.q4_1, k_legacy.gemv_q4_1, k_legacy.deq_q4_1),
-        _quant(Q.Q5_0, ("q", "d"), repack.q5_0, k_bytes.gemv_q8_0, k_bytes.deq_q8_0, row_block=8),
+        _quant(Q.Q5_0, ("qs", "qh", "d"), repack.q5_0, k_bytes.gemv_q5_0, k_bytes.deq_q5_0, row_block=8),
         _quant(Q.Q5_1, ("qs", "qh", "d", "m"), repack.q5_1, k_legacy.gemv_q5_1, k_legacy.deq_q5_1),
         _quant(Q.Q8_0, ("q", "d"), repack.q8_0, k_bytes.gemv_q8_0, k_bytes.deq_q8_0, row_block=8),
         _quant(Q.Q2_K, ("qs", "sc", "d", "dmin"), repack.q2_k, k_lowbit.gemv_q2_k, k_lowbit.deq_q2_k),

@@ -77,9 +77,8 @@ def q4_1(raw):
 
 
 def q5_0(raw):
-    """-> q, d in q8_0's layout: the 5-bit values q stand for q - 16. Unpacked so that one kernel serves both
-    formats: 1.45x the file's bytes, but half the instructions per block (decode 110 -> ~70 us for 4096 x 640 in
-    cache, 2 threads)."""
+    """-> qs uint8 (G, K * 4), qh uint32 (G, K / 4), d fp16 bits uint16 (G, K / 4): k_bytes.py's Q5_0 layout (rows
+    interleaved 8 by 8, as packed as the file). Value = d * (q - 16)."""
     from . import repack_fast
     return repack_fast.q5_0(_byte_rows(raw))
 
@@ -87,11 +86,15 @@ def q5_0(raw):
 def q5_0_numpy(raw):
     """q5_0 in numpy (the reference repack_fast is tested against)."""
     b = _blocks(raw, 22)
+    N, nb = b.shape[:2]
+    G = -(-N // 8)
     qh = np.ascontiguousarray(b[..., 2:6]).view("<u4")[..., 0].astype(np.uint32)
-    lo = b[..., 6:]
-    vals = np.concatenate([lo & 15, lo >> 4], axis=-1)  # element i < 16: low nibble of byte i, else high of i-16
-    vals |= (((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
-    return interleave8(vals.astype(np.int16) - 16, _f16_bits(b[..., 0:2]))
+    bits = (qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1  # (N, nb, 32): element e's fifth bit
+    bits = _pad8(bits).reshape(G, 8, nb, 8, 4).transpose(0, 2, 3, 1, 4).reshape(G, nb, 8, 32)  # (g, b, k, 4 r + i)
+    words = (bits << np.arange(32, dtype=np.uint32)).sum(-1, dtype=np.uint64).astype(np.uint32)
+    qs = _pad8(b[..., 6:]).reshape(G, 8, nb, 4, 4).transpose(0, 2, 3, 1, 4)  # (g, b, k, row, i)
+    d = np.moveaxis(_pad8(_f16_bits(b[..., 0:2])).reshape(G, 8, nb), 1, -1)
+    return tuple(np.ascontiguousarray(a).reshape(G, -1) for a in (qs, words, d))
 
 
 def q5_1(raw):

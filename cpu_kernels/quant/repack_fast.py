@@ -28,11 +28,14 @@ def q8_0(raw):
 
 
 def q5_0(raw):
-    """raw uint8 (N, nb * 22) -> q uint8 (G, nb * 256), d uint16 (G, nb * 8) as q8_0: the 5-bit values q in
-    0..31 stand for q - 16, stored as q + 112."""
-    q, d = outputs(raw.shape[0], raw.shape[1] // 22)
-    _q5_0(raw, q, d)
-    return q, d
+    """raw uint8 (N, nb * 22) -> qs uint8 (G, nb * 128), qh uint32 (G, nb * 8), d uint16 (G, nb * 8): k_bytes' Q5_0
+    layout, numpy-allocated."""
+    N, nb = raw.shape[0], raw.shape[1] // 22
+    G = (N + 7) // 8
+    out = np.empty((G, nb * 128), np.uint8), np.zeros((G, nb * 8), np.uint32), np.empty((G, nb * 8), np.uint16)
+    out[0][-1], out[2][-1] = 0, 0  # rows past N (qh is zeroed whole: the kernel ORs bits into it)
+    _q5_0(raw, *out)
+    return out
 
 
 @njit(parallel=True, cache=CACHE)
@@ -51,24 +54,23 @@ def _q8_0(raw, q, d):
 
 
 @njit(parallel=True, cache=CACHE)
-def _q5_0(raw, q, d):
+def _q5_0(raw, qs, qh, d):
     N = raw.shape[0]
     nb = raw.shape[1] // 22
-    G = q.shape[0]
+    G = qs.shape[0]
     for g in prange(G):
         for r in range(min(8, N - 8 * g)):
             n = 8 * g + r
             for b in range(nb):
                 o = b * 22
                 d[g, 8 * b + r] = np.uint16(raw[n, o]) | (np.uint16(raw[n, o + 1]) << np.uint16(8))
-                qh = np.uint32(0)
+                h = np.uint32(0)
                 for j in range(4):
-                    qh |= np.uint32(raw[n, o + 2 + j]) << np.uint32(8 * j)
-                for e in range(32):
-                    byte = np.uint32(raw[n, o + 6 + (e & 15)])
-                    v = (byte & np.uint32(15)) if e < 16 else (byte >> np.uint32(4))
-                    v |= ((qh >> np.uint32(e)) & np.uint32(1)) << np.uint32(4)
-                    q[g, 256 * b + 32 * (e >> 2) + 4 * r + (e & 3)] = np.uint8(v + np.uint32(112))
+                    h |= np.uint32(raw[n, o + 2 + j]) << np.uint32(8 * j)
+                for k in range(8):
+                    qh[g, 8 * b + k] |= ((h >> np.uint32(4 * k)) & np.uint32(15)) << np.uint32(4 * r)
+                for e in range(16):
+                    qs[g, 128 * b + 32 * (e >> 2) + 4 * r + (e & 3)] = raw[n, o + 6 + e]
 
 
 def q4_k(raw):

@@ -434,24 +434,30 @@ def load_bcast4(typingctx, arr, idx):
     return u8x32(arr, idx), codegen
 
 
-@intrinsic
-def load_strided4(typingctx, arr, idx, stride):
-    """u8x32 of 8 groups of 4 bytes, at arr.flat[idx + j * stride] for j = 0..7: one row's 32 values out of
-    an 8-row interleaved block."""
-    if not (isinstance(arr, types.Array) and arr.dtype in (types.uint8, types.int8)
-            and isinstance(idx, types.Integer) and isinstance(stride, types.Integer)):
-        return None
+def _make_load_strided(words: int):
+    @intrinsic
+    def load(typingctx, arr, idx, stride):
+        if not (isinstance(arr, types.Array) and arr.dtype in (types.uint8, types.int8)
+                and isinstance(idx, types.Integer) and isinstance(stride, types.Integer)):
+            return None
 
-    def codegen(context, builder, sig, args):
-        i = context.cast(builder, args[1], sig.args[1], types.intp)
-        s = context.cast(builder, args[2], sig.args[2], types.intp)
-        v = ir.Constant(ir.VectorType(_I32, 8), ir.Undefined)
-        for j in range(8):
-            off = builder.add(i, builder.mul(s, ir.Constant(s.type, j)))
-            word = builder.load(_ptr(context, builder, sig.args[0], args[0], off, _I32), align=1)
-            v = builder.insert_element(v, word, ir.Constant(_I32, j))
-        return builder.bitcast(v, ir.VectorType(ir.IntType(8), 32))
-    return u8x32(arr, idx, stride), codegen
+        def codegen(context, builder, sig, args):
+            i = context.cast(builder, args[1], sig.args[1], types.intp)
+            s = context.cast(builder, args[2], sig.args[2], types.intp)
+            v = ir.Constant(ir.VectorType(_I32, words), ir.Undefined)
+            for j in range(words):
+                off = builder.add(i, builder.mul(s, ir.Constant(s.type, j)))
+                word = builder.load(_ptr(context, builder, sig.args[0], args[0], off, _I32), align=1)
+                v = builder.insert_element(v, word, ir.Constant(_I32, j))
+            return builder.bitcast(v, ir.VectorType(ir.IntType(8), 4 * words))
+        return Vec("i8", 4 * words)(arr, idx, stride), codegen
+    return load
+
+
+# load_strided4 / load_strided4x4: 8 / 4 groups of 4 bytes at arr.flat[idx + j * stride] as one u8x32 / u8x16:
+# one row's values out of an 8-row interleaved block.
+load_strided4 = _make_load_strided(8)
+load_strided4x4 = _make_load_strided(4)
 
 
 @intrinsic
