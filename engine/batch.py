@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -34,3 +35,8 @@ class BatchMetadata:
     @property
     def num_seqs(self) -> int:
         return int(self.seq_lens.shape[0])
+
+    @cached_property
+    def max_seq_len(self) -> int:
+        """The longest context (every attention layer sizes its work by it: computed once per step)."""
+        return int(self.seq_lens.max()) if self.seq_lens.size else 0

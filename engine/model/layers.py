@@ -200,7 +200,7 @@ class Attention:
             rope.apply_rope(k, meta.positions, self.inv_freq, self.mscale, self.neox)
             attention.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         # Work ~ query rows x context x heads x head_dim (a decode over a short context is tiny).
-        work = t * int(meta.seq_lens.max()) * self.num_heads * self.head_dim
+        work = t * meta.max_seq_len * self.num_heads * self.head_dim
         with serial_if(work < serial_work()):
             out = attention.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                             meta.block_tables, self.scale, self.sliding_window, self.softcap)
