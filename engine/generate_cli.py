@@ -34,6 +34,7 @@ def run_generate(ns: argparse.Namespace) -> int:
     args = EngineArgs.from_cli_args(ns)
     t0 = time.perf_counter()
     llm = LLM(**vars(args))
+    llm.llm_engine.import_torch_when_idle = False  # one prompt, then exit: a background import would delay it
     params = sampling_params_from(ns)
     prompt = ns.prompt
     if ns.chat:
