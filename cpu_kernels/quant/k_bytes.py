@@ -76,6 +76,15 @@ def store_rows(out, m, n0, acc):
             out[m, n0 + j] = lane(acc, j)
 
 
+@njit(cache=CACHE)
+def store_rows4(out, m0, n0, a0, a1, a2, a3):
+    """store_rows for activation rows m0..m0 + 3 (a 4-row pass)."""
+    store_rows(out, m0, n0, a0)
+    store_rows(out, m0 + 1, n0, a1)
+    store_rows(out, m0 + 2, n0, a2)
+    store_rows(out, m0 + 3, n0, a3)
+
+
 @njit(parallel=True, cache=CACHE)
 def gemv_q8_0(q, d, x, out):
     xq, xd, xn4, xs32, xs16 = quantize_act(x)
@@ -117,10 +126,7 @@ def gemv_q8_0(q, d, x, out):
                 a1 = muladd(a1, to_f32(i1), vmul(dw, xd[m0 + 1, b]))
                 a2 = muladd(a2, to_f32(i2), vmul(dw, xd[m0 + 2, b]))
                 a3 = muladd(a3, to_f32(i3), vmul(dw, xd[m0 + 3, b]))
-            store_rows(out, m0, 8 * g, a0)
-            store_rows(out, m0 + 1, 8 * g, a1)
-            store_rows(out, m0 + 2, 8 * g, a2)
-            store_rows(out, m0 + 3, 8 * g, a3)
+            store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
 
 
 @njit(parallel=True, cache=CACHE)
@@ -201,10 +207,7 @@ def gemv_q5_0(qs, qh, d, x, out):
                 a1 = muladd(a1, to_f32(vadd(i1, h1)), vmul(dw, xd[m0 + 1, b]))
                 a2 = muladd(a2, to_f32(vadd(i2, h2)), vmul(dw, xd[m0 + 2, b]))
                 a3 = muladd(a3, to_f32(vadd(i3, h3)), vmul(dw, xd[m0 + 3, b]))
-            store_rows(out, m0, 8 * g, a0)
-            store_rows(out, m0 + 1, 8 * g, a1)
-            store_rows(out, m0 + 2, 8 * g, a2)
-            store_rows(out, m0 + 3, 8 * g, a3)
+            store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
 
 
 @njit(parallel=True, cache=CACHE)

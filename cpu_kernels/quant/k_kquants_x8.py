@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .k_bytes import store_rows
+from .k_bytes import store_rows, store_rows4
 from .k_kquants import q6k_group
 from .q8act import quantize_act
 from .simd import (CACHE, PREFETCH_AHEAD, dpbusd, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_strided4,
@@ -114,10 +114,7 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
                     a3 = muladd(a3, to_f32(i3), vmul(sa, xd[m0 + 3, ja]))
                     a3 = muladd(a3, to_f32(h3), vmul(sb, xd[m0 + 3, ja + 1]))
                     a3 = vsub(vsub(a3, vmul(ma, xs32[m0 + 3, ja])), vmul(mb, xs32[m0 + 3, ja + 1]))
-            store_rows(out, m0, 8 * g, a0)
-            store_rows(out, m0 + 1, 8 * g, a1)
-            store_rows(out, m0 + 2, 8 * g, a2)
-            store_rows(out, m0 + 3, 8 * g, a3)
+            store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
 
 
 @njit(parallel=True, cache=CACHE)
@@ -248,10 +245,7 @@ def gemv_q6_k(ql, qh, sc, d, x, out):
                             a1 = muladd(a1, to_f32(c1), vmul(sj, xd[m0 + 1, b32]))
                             a2 = muladd(a2, to_f32(c2), vmul(sj, xd[m0 + 2, b32]))
                             a3 = muladd(a3, to_f32(c3), vmul(sj, xd[m0 + 3, b32]))
-            store_rows(out, m0, 8 * g, a0)
-            store_rows(out, m0 + 1, 8 * g, a1)
-            store_rows(out, m0 + 2, 8 * g, a2)
-            store_rows(out, m0 + 3, 8 * g, a3)
+            store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
 
 
 @njit(parallel=True, cache=CACHE)

@@ -1,6 +1,9 @@
-"""Numba twins of the numpy repackers for the formats that hold most bytes (gemma-3-270m: 180 MB of Q8_0, 44 MB
-of Q5_0): numpy took 0.4-0.8 s of every load on them (a uint32 temporary per value for Q5_0's fifth bits); one
-parallel pass over the row groups takes tens of ms. Outputs equal repack.q8_0_numpy / q5_0_numpy (tested)."""
+"""Numba twins of the numpy repackers of the 8-row interleaved formats: numpy took 0.4-0.8 s of every gemma-3-270m
+load on Q8_0/Q5_0 and ~17 s of an 8B load on Q4_K/Q6_K; one parallel pass over the row groups takes tens of ms per
+100 MB. Outputs equal repack.*_numpy (tested).
+
+The output arrays are allocated by numpy, which asks the kernel for transparent huge pages on large arrays
+(Numba's allocator does not): on 4 KiB pages the TLB misses cost the 262144 x 640 GEMV ~10 % from DRAM."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,33 +12,57 @@ from numba import njit, prange
 from .simd import CACHE
 
 
-def outputs(N: int, nb: int):
-    """q uint8 (G, nb * 256) and d uint16 (G, nb * 8), allocated by numpy: it asks the kernel for transparent huge
-    pages on large arrays (Numba's allocator does not), and the 4 KiB pages' TLB misses cost the 262144 x 640
-    GEMV ~10 % from DRAM."""
+def _arrays(N: int, *specs):
+    """One numpy array (G, width) per (width, dtype, pad) spec, G = ceil(N / 8); the last group's rows past N are
+    filled with pad before the kernel writes the real ones."""
     G = (N + 7) // 8
-    q, d = np.empty((G, nb * 256), np.uint8), np.empty((G, nb * 8), np.uint16)
-    q[-1], d[-1] = 128, 0  # rows past N: zero values, zero scales (the kernels fill the rest)
-    return q, d
+    out = tuple(np.empty((G, width), dtype) for width, dtype, _ in specs)
+    for a, (_, _, pad) in zip(out, specs):
+        a[-1] = pad
+    return out
 
 
 def q8_0(raw):
     """raw uint8 (N, nb * 34) -> q uint8 (G, nb * 256), d uint16 (G, nb * 8): k_bytes' 8-row interleaved layout,
     values + 128 (Q8_0 stores them signed)."""
-    q, d = outputs(raw.shape[0], raw.shape[1] // 34)
-    _q8_0(raw, q, d)
-    return q, d
+    nb = raw.shape[1] // 34
+    out = _arrays(raw.shape[0], (nb * 256, np.uint8, 128), (nb * 8, np.uint16, 0))
+    _q8_0(raw, *out)
+    return out
 
 
 def q5_0(raw):
     """raw uint8 (N, nb * 22) -> qs uint8 (G, nb * 128), qh uint32 (G, nb * 8), d uint16 (G, nb * 8): k_bytes' Q5_0
-    layout, numpy-allocated."""
+    layout."""
     N, nb = raw.shape[0], raw.shape[1] // 22
-    G = (N + 7) // 8
-    out = np.empty((G, nb * 128), np.uint8), np.zeros((G, nb * 8), np.uint32), np.empty((G, nb * 8), np.uint16)
-    out[0][-1], out[2][-1] = 0, 0  # rows past N (qh is zeroed whole: the kernel ORs bits into it)
+    out = _arrays(N, (nb * 128, np.uint8, 0), (nb * 8, np.uint32, 0), (nb * 8, np.uint16, 0))
+    out[1][:] = 0  # the kernel ORs each row's bits into qh
     _q5_0(raw, *out)
     return out
+
+
+def q4_k(raw):
+    """raw uint8 (N, ns * 144) -> repack.q4_k_numpy's arrays (k_kquants_x8's layout)."""
+    ns = raw.shape[1] // 144
+    out = _arrays(raw.shape[0], (ns * 1024, np.uint8, 0), (ns * 64, np.uint8, 0), (ns * 64, np.uint8, 0),
+                  (ns * 8, np.uint16, 0), (ns * 8, np.uint16, 0))
+    _q4_k(raw, *out)
+    return out
+
+
+def q6_k(raw):
+    """raw uint8 (N, ns * 210) -> repack.q6_k_numpy's arrays (k_kquants_x8's layout)."""
+    ns = raw.shape[1] // 210
+    out = _arrays(raw.shape[0], (ns * 1024, np.uint8, 0), (ns * 512, np.uint8, 0), (ns * 128, np.int8, 0),
+                  (ns * 8, np.uint16, 0))
+    _q6_k(raw, out[0], out[1], out[2].view(np.uint8), out[3])
+    return out
+
+
+@njit(cache=CACHE)
+def _u16(raw, n, o):
+    """The little-endian uint16 at raw[n, o:o + 2] (fp16 scale bits)."""
+    return np.uint16(raw[n, o]) | (np.uint16(raw[n, o + 1]) << np.uint16(8))
 
 
 @njit(parallel=True, cache=CACHE)
@@ -48,7 +75,7 @@ def _q8_0(raw, q, d):
             n = 8 * g + r
             for b in range(nb):
                 o = b * 34
-                d[g, 8 * b + r] = np.uint16(raw[n, o]) | (np.uint16(raw[n, o + 1]) << np.uint16(8))
+                d[g, 8 * b + r] = _u16(raw, n, o)
                 for e in range(32):
                     q[g, 256 * b + 32 * (e >> 2) + 4 * r + (e & 3)] = raw[n, o + 2 + e] ^ np.uint8(0x80)
 
@@ -63,7 +90,7 @@ def _q5_0(raw, qs, qh, d):
             n = 8 * g + r
             for b in range(nb):
                 o = b * 22
-                d[g, 8 * b + r] = np.uint16(raw[n, o]) | (np.uint16(raw[n, o + 1]) << np.uint16(8))
+                d[g, 8 * b + r] = _u16(raw, n, o)
                 h = np.uint32(0)
                 for j in range(4):
                     h |= np.uint32(raw[n, o + 2 + j]) << np.uint32(8 * j)
@@ -71,35 +98,6 @@ def _q5_0(raw, qs, qh, d):
                     qh[g, 8 * b + k] |= ((h >> np.uint32(4 * k)) & np.uint32(15)) << np.uint32(4 * r)
                 for e in range(16):
                     qs[g, 128 * b + 32 * (e >> 2) + 4 * r + (e & 3)] = raw[n, o + 6 + e]
-
-
-def q4_k(raw):
-    """raw uint8 (N, ns * 144) -> repack.q4_k_numpy's arrays (k_kquants_x8's layout), numpy-allocated."""
-    N, ns = raw.shape[0], raw.shape[1] // 144
-    G = (N + 7) // 8
-    out = (np.empty((G, ns * 1024), np.uint8), np.empty((G, ns * 64), np.uint8), np.empty((G, ns * 64), np.uint8),
-           np.empty((G, ns * 8), np.uint16), np.empty((G, ns * 8), np.uint16))
-    for a in out:
-        a[-1] = 0  # rows past N
-    _q4_k(raw, *out)
-    return out
-
-
-def q6_k(raw):
-    """raw uint8 (N, ns * 210) -> repack.q6_k_numpy's arrays (k_kquants_x8's layout), numpy-allocated."""
-    N, ns = raw.shape[0], raw.shape[1] // 210
-    G = (N + 7) // 8
-    out = (np.empty((G, ns * 1024), np.uint8), np.empty((G, ns * 512), np.uint8), np.empty((G, ns * 128), np.int8),
-           np.empty((G, ns * 8), np.uint16))
-    for a in out:
-        a[-1] = 0
-    _q6_k(raw, out[0], out[1], out[2].view(np.uint8), out[3])
-    return out
-
-
-@njit(cache=CACHE)
-def _u16(raw, n, o):
-    return np.uint16(raw[n, o]) | (np.uint16(raw[n, o + 1]) << np.uint16(8))
 
 
 @njit(parallel=True, cache=CACHE)
