@@ -27,14 +27,22 @@ def _source_digest() -> str:
     return h.hexdigest()[:16]
 
 
+def _cache_dir() -> str:
+    """NUMBA_CACHE_DIR when the user chose one, else $RAMLM_CACHE_DIR (~/.cache/ramlm)/numba/<source digest>."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return os.environ["NUMBA_CACHE_DIR"]
+    base = os.environ.get("RAMLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ramlm")
+    return os.path.join(base, "numba", _source_digest())
+
+
+# Numba may reload its config later (and forget this), so the folder is kept here too.
+CACHE_DIR = _cache_dir()
+
+
 def _set_cache_dir() -> None:
     import numba
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return  # the user chose one
-    base = os.environ.get("RAMLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ramlm")
-    path = os.path.join(base, "numba", _source_digest())
     # Read by each @njit(cache=True) when its module is imported, so setting it here is early enough.
-    numba.config.CACHE_DIR = path
+    numba.config.CACHE_DIR = CACHE_DIR
 
 
 _set_cache_dir()

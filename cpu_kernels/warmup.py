@@ -16,9 +16,12 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
     f32 = np.float32
     x = np.ones((20, 8), f32)
     w = np.ones(8, f32)
+    w_file = w.copy()
+    w_file.flags.writeable = False  # a norm weight read straight from the model file's memory map
     for rows in (x[:1], x):
-        norms.rms_norm(rows, w, 1e-6)
-        norms.rms_norm(rows, w, 1e-6, True)
+        for weight in (w, w_file):
+            norms.rms_norm(rows, weight, 1e-6)
+            norms.rms_norm(rows, weight, 1e-6, True)
     norms.rms_norm_heads(x.reshape(20, 2, 4), w[:4], 1e-6)
     norms.rms_norm_heads(x.reshape(20, 2, 4), w[:4], 1e-6, True)
 
@@ -46,3 +49,19 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
             q = np.ones((qsl[-1], hq, d), f32)
             attention.paged_attention(q, k_cache, v_cache, qsl, seq_lens, block_tables, 0.5)
             attention.paged_attention(q, k_cache, v_cache, qsl, seq_lens, block_tables, 0.5, 2, 30.0)
+
+
+def main(argv=None) -> None:
+    """`python -m cpu_kernels.warmup --kv-dtype float16`: the cold-cache helper of cpu_kernels/prewarm.py."""
+    import argparse
+
+    from cpu_kernels import prewarm
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--kv-dtype", default="float16", choices=("float16", "float32"))
+    dtype = np.dtype(ap.parse_args(argv).kv_dtype)
+    warmup(kv_dtypes=(dtype,))
+    prewarm.mark_done(prewarm.kernels_name(dtype))
+
+
+if __name__ == "__main__":
+    main()

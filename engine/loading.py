@@ -65,17 +65,27 @@ def kv_pool_blocks(args: EngineArgs, cfg: ModelConfig, max_model_len: int, weigh
 def load_everything(args: EngineArgs) -> Loaded:
     from concurrent.futures import ThreadPoolExecutor
 
+    from cpu_kernels import prewarm
     from engine.model.loader import load_model
     from engine.model.weights import open_weights
     configure_threads(args.num_threads)
     path = args.resolved_model()
     ws = open_weights(path)
-    # The tokenizer (about 1 s for a 262k vocabulary, mostly in Rust) loads while the weights repack.
-    with ThreadPoolExecutor(1, thread_name_prefix="ramlm-tokenizer") as pool:
-        tok_future = pool.submit(load_tokenizer, args, ws)
-        model, cfg = load_model(path, batch_invariant=args.batch_invariant, weights=ws)
-        model.prefill_dtype = args.prefill_dtype
-        tokenizer = tok_future.result()
+    # Cold JIT cache: a helper process compiles the non-matmul kernels while this one compiles the formats'.
+    kv_dtype = KV_DTYPES.get(args.kv_cache_dtype)
+    helper = prewarm.start_kernel_helper(kv_dtype) if kv_dtype is not None else None
+    try:
+        # The tokenizer (about 1 s for a 262k vocabulary, mostly in Rust) loads while the weights repack.
+        with ThreadPoolExecutor(1, thread_name_prefix="ramlm-tokenizer") as pool:
+            tok_future = pool.submit(load_tokenizer, args, ws)
+            prewarm.compile_formats({ws.info(n).ggml_type for n in ws.names() if len(ws.info(n).shape) == 2})
+            model, cfg = load_model(path, batch_invariant=args.batch_invariant, weights=ws)
+            model.prefill_dtype = args.prefill_dtype
+            tokenizer = tok_future.result()
+    except BaseException:
+        prewarm.stop(helper)
+        raise
+    prewarm.wait(helper)  # before the engine's warm-up, which then loads the helper's kernels from the cache
     max_model_len = args.max_model_len or cfg.max_position_embeddings
     if max_model_len > cfg.max_position_embeddings:
         raise ValueError(f"max_model_len {max_model_len} exceeds the model's context ({cfg.max_position_embeddings})")

@@ -6,8 +6,10 @@ import time
 import numpy as np
 
 
-def warmup(verbose: bool = False) -> float:
-    """Run each format's gemv and dequantize once with the dtypes and layouts QuantLinear passes.
+def warmup(verbose: bool = False, types=None) -> float:
+    """Run each format's repack, gemv and dequantize once with the dtypes and layouts QuantLinear passes.
+
+    types: the ggml types to warm (default: every registered format).
     Returns the seconds it took (first process: compiles; later ones: cache loads)."""
     from .linear import QuantLinear
     from .quantize import quantize
@@ -15,9 +17,12 @@ def warmup(verbose: bool = False) -> float:
 
     t0 = time.perf_counter()
     for t, fmt in FORMATS.items():
+        if types is not None and t not in types:
+            continue
         t1 = time.perf_counter()
         K = max(fmt.block_size, 32)
         raw = quantize(t, np.linspace(-1, 1, 2 * K, dtype=np.float32).reshape(2, K))
+        raw.flags.writeable = False  # as a model file's memory map: the repackers' signature says read-only
         lin = QuantLinear.from_raw(t, raw, (2, K))
         lin.matmul(np.ones((1, K), np.float32))
         lin.embed(np.zeros(1, np.int64))

@@ -1,0 +1,63 @@
+"""Cold-cache prewarm (cpu_kernels/prewarm.py): the helper process leaves its marker, and the tiny-shape
+warm-ups compile exactly the signatures the engine then uses (else the split would compile twice)."""
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+COVERAGE = """
+import sys
+import numpy as np
+from numba.core.dispatcher import Dispatcher
+from cpu_kernels.quant.warmup import warmup as warm_formats
+from cpu_kernels.warmup import warmup as warm_kernels
+from engine.args import EngineArgs
+from engine.model.weights import open_weights
+
+def signatures():
+    return {(m, n, str(s)) for m, mod in list(sys.modules.items()) if m.startswith("cpu_kernels")
+            for n, d in vars(mod).items() if isinstance(d, Dispatcher) for s in d.signatures}
+
+ws = open_weights(EngineArgs().resolved_model())
+warm_formats(types={ws.info(n).ggml_type for n in ws.names() if len(ws.info(n).shape) == 2})
+warm_kernels(kv_dtypes=(np.float16,))
+before = signatures()
+from engine import LLM, SamplingParams
+llm = LLM(max_model_len=512, kv_cache_memory=0.25)
+llm.generate(["The capital of France is", "word " * 40], SamplingParams(max_tokens=3, temperature=0))
+new = sorted(signatures() - before)
+print(len(before), new)
+"""
+
+
+def test_tiny_warmups_cover_every_signature_the_engine_uses():
+    r = subprocess.run([sys.executable, "-c", COVERAGE], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    count, new = r.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert int(count) > 20 and new == "[]", new
+
+
+HELPER = """
+import numpy as np
+from cpu_kernels import CACHE_DIR, prewarm
+helper = prewarm.start_kernel_helper(np.float16)
+assert helper is not None, "no helper started on a cache without its marker"
+prewarm.wait(helper)
+assert helper.returncode == 0, helper.returncode
+assert prewarm.is_done(prewarm.kernels_name(np.float16))
+assert prewarm.start_kernel_helper(np.float16) is None, "a helper started again on a prewarmed cache"
+print("ok", CACHE_DIR)
+"""
+
+
+def test_helper_compiles_into_the_cache_and_leaves_its_marker(tmp_path):
+    from cpu_kernels import CACHE_DIR
+    cache = tmp_path / "numba"
+    if os.path.isdir(CACHE_DIR):  # a copy of this session's cache: the helper loads rather than compiles
+        shutil.copytree(CACHE_DIR, cache, ignore=shutil.ignore_patterns("prewarmed-*"))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
+    r = subprocess.run([sys.executable, "-c", HELPER], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["ok", str(cache)]
