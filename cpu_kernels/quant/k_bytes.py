@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit, prange
 
 from .q8act import quantize_act
-from .simd import (CACHE, PREFETCH_AHEAD, bits_to_bytes, concat, dpbusd, f16_to_f32, i8_to_f32, lane, load_bcast4,
+from .simd import (CACHE, PREFETCH_AHEAD, bits_to_bytes, concat, dpbusd, dpbusd7, f16_to_f32, i8_to_f32, lane, load_bcast4,
                    load_f16x8, load_strided4, load_strided4x4, load_u8x32, muladd, prefetch, splat_i32, store, to_f32,
                    vadd, vand, vmul, vor, vshl, vshr, vsub, zero_f32x8)
 
@@ -176,8 +176,8 @@ def gemv_q5_0(qs, qh, d, x, out):
                     a, c = splat_i32(s[m, b]), splat_i32(0)
                     for k in range(4):
                         lo, hi = q5_quads(qs, qh, g, nb, b, k)
-                        a = dpbusd(a, lo, load_bcast4(xq, xo + 4 * k))
-                        c = dpbusd(c, hi, load_bcast4(xq, xo + 16 + 4 * k))
+                        a = dpbusd7(a, lo, load_bcast4(xq, xo + 4 * k))
+                        c = dpbusd7(c, hi, load_bcast4(xq, xo + 16 + 4 * k))
                     acc = muladd(acc, to_f32(vadd(a, c)), vmul(load_f16x8(d, (g * nb + b) * 8), xd[m, b]))
                 store_rows(out, m, 8 * g, acc)
             continue
@@ -194,14 +194,14 @@ def gemv_q5_0(qs, qh, d, x, out):
                 x0 = m0 * K + b * 32
                 for k in range(4):
                     lo, hi = q5_quads(qs, qh, g, nb, b, k)
-                    i0 = dpbusd(i0, lo, load_bcast4(xq, x0 + 4 * k))
-                    i1 = dpbusd(i1, lo, load_bcast4(xq, x0 + K + 4 * k))
-                    i2 = dpbusd(i2, lo, load_bcast4(xq, x0 + 2 * K + 4 * k))
-                    i3 = dpbusd(i3, lo, load_bcast4(xq, x0 + 3 * K + 4 * k))
-                    h0 = dpbusd(h0, hi, load_bcast4(xq, x0 + 16 + 4 * k))
-                    h1 = dpbusd(h1, hi, load_bcast4(xq, x0 + K + 16 + 4 * k))
-                    h2 = dpbusd(h2, hi, load_bcast4(xq, x0 + 2 * K + 16 + 4 * k))
-                    h3 = dpbusd(h3, hi, load_bcast4(xq, x0 + 3 * K + 16 + 4 * k))
+                    i0 = dpbusd7(i0, lo, load_bcast4(xq, x0 + 4 * k))
+                    i1 = dpbusd7(i1, lo, load_bcast4(xq, x0 + K + 4 * k))
+                    i2 = dpbusd7(i2, lo, load_bcast4(xq, x0 + 2 * K + 4 * k))
+                    i3 = dpbusd7(i3, lo, load_bcast4(xq, x0 + 3 * K + 4 * k))
+                    h0 = dpbusd7(h0, hi, load_bcast4(xq, x0 + 16 + 4 * k))
+                    h1 = dpbusd7(h1, hi, load_bcast4(xq, x0 + K + 16 + 4 * k))
+                    h2 = dpbusd7(h2, hi, load_bcast4(xq, x0 + 2 * K + 16 + 4 * k))
+                    h3 = dpbusd7(h3, hi, load_bcast4(xq, x0 + 3 * K + 16 + 4 * k))
                 dw = load_f16x8(d, (g * nb + b) * 8)
                 a0 = muladd(a0, to_f32(vadd(i0, h0)), vmul(dw, xd[m0, b]))
                 a1 = muladd(a1, to_f32(vadd(i1, h1)), vmul(dw, xd[m0 + 1, b]))

@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from .q8act import quantize_act
-from .simd import (CACHE, bcast, dpbusd, hsum, load_f32x8, load_u8x32, load_u8x8, muladd, store, to_f32, u8_to_f32,
+from .simd import (CACHE, bcast, dpbusd7, hsum, load_f32x8, load_u8x32, load_u8x8, muladd, store, to_f32, u8_to_f32,
                    vand, vmul, vor, vshl, vshr, vsub, zero_f32x8, zero_i32x8)
 
 
@@ -44,8 +44,8 @@ def gemv_q5_k(qs, qh, sc, mn, d, dmin, x, out):
                 for c in range(4):
                     v = load_u8x32(qs, n * (K // 2) + s * 128 + c * 32)
                     xo = m * K + s * 256 + c * 64
-                    i0 = dpbusd(zero_i32x8(), q5k_group(v, hv, 2 * c, False), load_u8x32(xq, xo))
-                    i1 = dpbusd(zero_i32x8(), q5k_group(v, hv, 2 * c + 1, True), load_u8x32(xq, xo + 32))
+                    i0 = dpbusd7(zero_i32x8(), q5k_group(v, hv, 2 * c, False), load_u8x32(xq, xo))
+                    i1 = dpbusd7(zero_i32x8(), q5k_group(v, hv, 2 * c + 1, True), load_u8x32(xq, xo + 32))
                     acc = muladd(acc, to_f32(i0), bcast(scv, 2 * c))
                     acc = muladd(acc, to_f32(i1), bcast(scv, 2 * c + 1))
             out[m, n] = hsum(vsub(acc, macc))

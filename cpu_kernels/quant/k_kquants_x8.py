@@ -17,7 +17,7 @@ from numba import njit, prange
 from .k_bytes import store_rows, store_rows4
 from .k_kquants import q6k_group
 from .q8act import quantize_act
-from .simd import (CACHE, PREFETCH_AHEAD, dpbusd, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_strided4,
+from .simd import (CACHE, PREFETCH_AHEAD, dpbusd7, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_strided4,
                    load_u8x8, load_u8x32, muladd, pair16, prefetch, splat_i32, store, to_f32, u8_to_f32, vadd, vand,
                    vmul, vshr, vsub, zero_f32x8, zero_i32x8)
 
@@ -61,11 +61,11 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
                         ia, ib, ja_, jb = zero_i32x8(), zero_i32x8(), zero_i32x8(), zero_i32x8()
                         for k in range(0, 8, 2):  # four chains: vpdpbusd's latency
                             w = load_u8x32(qs, o + 32 * k)
-                            ia = dpbusd(ia, vand(w, 15), load_bcast4(xq, xo + 4 * k))
-                            ib = dpbusd(ib, vshr(w, 4), load_bcast4(xq, xo + 32 + 4 * k))
+                            ia = dpbusd7(ia, vand(w, 15), load_bcast4(xq, xo + 4 * k))
+                            ib = dpbusd7(ib, vshr(w, 4), load_bcast4(xq, xo + 32 + 4 * k))
                             w = load_u8x32(qs, o + 32 * k + 32)
-                            ja_ = dpbusd(ja_, vand(w, 15), load_bcast4(xq, xo + 4 * k + 4))
-                            jb = dpbusd(jb, vshr(w, 4), load_bcast4(xq, xo + 36 + 4 * k))
+                            ja_ = dpbusd7(ja_, vand(w, 15), load_bcast4(xq, xo + 4 * k + 4))
+                            jb = dpbusd7(jb, vshr(w, 4), load_bcast4(xq, xo + 36 + 4 * k))
                         ia, ib = vadd(ia, ja_), vadd(ib, jb)
                         ja = s * 8 + 2 * c
                         sa, ma = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c)
@@ -91,14 +91,14 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
                     for k in range(8):
                         w = load_u8x32(qs, o + 32 * k)
                         lo, hi = vand(w, 15), vshr(w, 4)
-                        i0 = dpbusd(i0, lo, load_bcast4(xq, xo + 4 * k))
-                        i1 = dpbusd(i1, lo, load_bcast4(xq, xo + K + 4 * k))
-                        i2 = dpbusd(i2, lo, load_bcast4(xq, xo + 2 * K + 4 * k))
-                        i3 = dpbusd(i3, lo, load_bcast4(xq, xo + 3 * K + 4 * k))
-                        h0 = dpbusd(h0, hi, load_bcast4(xq, xo + 32 + 4 * k))
-                        h1 = dpbusd(h1, hi, load_bcast4(xq, xo + K + 32 + 4 * k))
-                        h2 = dpbusd(h2, hi, load_bcast4(xq, xo + 2 * K + 32 + 4 * k))
-                        h3 = dpbusd(h3, hi, load_bcast4(xq, xo + 3 * K + 32 + 4 * k))
+                        i0 = dpbusd7(i0, lo, load_bcast4(xq, xo + 4 * k))
+                        i1 = dpbusd7(i1, lo, load_bcast4(xq, xo + K + 4 * k))
+                        i2 = dpbusd7(i2, lo, load_bcast4(xq, xo + 2 * K + 4 * k))
+                        i3 = dpbusd7(i3, lo, load_bcast4(xq, xo + 3 * K + 4 * k))
+                        h0 = dpbusd7(h0, hi, load_bcast4(xq, xo + 32 + 4 * k))
+                        h1 = dpbusd7(h1, hi, load_bcast4(xq, xo + K + 32 + 4 * k))
+                        h2 = dpbusd7(h2, hi, load_bcast4(xq, xo + 2 * K + 32 + 4 * k))
+                        h3 = dpbusd7(h3, hi, load_bcast4(xq, xo + 3 * K + 32 + 4 * k))
                     ja = s * 8 + 2 * c
                     sa, ma = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c)
                     sb, mb = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c + 1)
@@ -202,10 +202,10 @@ def gemv_q6_k(ql, qh, sc, d, x, out):
                             for k in range(4 * half, 4 * half + 4):
                                 v0, v1, v2, v3 = q6_quads(ql, qh, o + 64 * k, oh + 32 * k)
                                 xo = m * K + s * 256 + h * 128 + 4 * k
-                                i0 = dpbusd(i0, v0, load_bcast4(xq, xo))
-                                i1 = dpbusd(i1, v1, load_bcast4(xq, xo + 32))
-                                i2 = dpbusd(i2, v2, load_bcast4(xq, xo + 64))
-                                i3 = dpbusd(i3, v3, load_bcast4(xq, xo + 96))
+                                i0 = dpbusd7(i0, v0, load_bcast4(xq, xo))
+                                i1 = dpbusd7(i1, v1, load_bcast4(xq, xo + 32))
+                                i2 = dpbusd7(i2, v2, load_bcast4(xq, xo + 64))
+                                i3 = dpbusd7(i3, v3, load_bcast4(xq, xo + 96))
                             jl = 8 * h + half  # group index within the super-block for t = 0
                             acc = muladd(acc, to_f32(i0), vmul(q6_scale(sc, d, g, ns, s, jl), xd[m, e // 32]))
                             acc = muladd(acc, to_f32(i1), vmul(q6_scale(sc, d, g, ns, s, jl + 2), xd[m, e // 32 + 1]))
@@ -235,10 +235,10 @@ def gemv_q6_k(ql, qh, sc, d, x, out):
                                 b = load_u8x32(ql, o + 64 * k + 32)
                                 v = q6k_group(a, b, load_u8x32(qh, oh + 32 * k), t)
                                 xo = m0 * K + s * 256 + h * 128 + 32 * t + 4 * k
-                                c0 = dpbusd(c0, v, load_bcast4(xq, xo))
-                                c1 = dpbusd(c1, v, load_bcast4(xq, xo + K))
-                                c2 = dpbusd(c2, v, load_bcast4(xq, xo + 2 * K))
-                                c3 = dpbusd(c3, v, load_bcast4(xq, xo + 3 * K))
+                                c0 = dpbusd7(c0, v, load_bcast4(xq, xo))
+                                c1 = dpbusd7(c1, v, load_bcast4(xq, xo + K))
+                                c2 = dpbusd7(c2, v, load_bcast4(xq, xo + 2 * K))
+                                c3 = dpbusd7(c3, v, load_bcast4(xq, xo + 3 * K))
                             sj = q6_scale(sc, d, g, ns, s, jl + 2 * t)
                             b32 = e // 32 + t
                             a0 = muladd(a0, to_f32(c0), vmul(sj, xd[m0, b32]))

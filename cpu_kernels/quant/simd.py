@@ -2,11 +2,12 @@
 
 Numba widens int8 arithmetic to int64 and never emits VNNI; these intrinsics emit LLVM vector IR
 directly. Vectors live in registers as Numba values of type `Vec`; all loads are unaligned.
-`dpbusd` calls the AVX-512 VNNI instruction when the host has it (chosen once, at import) and
-otherwise emits the same arithmetic as generic IR, which LLVM lowers on any CPU with equal results.
+`dpbusd` calls the AVX-512 VNNI instruction when the host has it (chosen once, at import), on AVX2
+hosts vpmaddwd pairs (or, for `dpbusd7`'s weights below 128, vpmaddubsw + vpmaddwd), and otherwise
+emits the same arithmetic as generic IR, which LLVM lowers on any CPU: all give equal results.
 
-Set RAMLM_PORTABLE_SIMD=1 to force the generic path (kernels are then compiled without cache, so
-cached VNNI code is never reused for it).
+Set RAMLM_SIMD=avx2 or RAMLM_SIMD=generic (or RAMLM_PORTABLE_SIMD=1) to force a lesser path
+(kernels are then compiled without cache, so the host's cached code is never reused for it).
 """
 from __future__ import annotations
 
@@ -27,11 +28,15 @@ def _host_features() -> set[str]:
     return {f[1:] for f in flat.split(",") if f.startswith("+")}
 
 
-FORCE_PORTABLE = os.environ.get("RAMLM_PORTABLE_SIMD", "") not in ("", "0")
+# RAMLM_SIMD=auto|avx2|generic caps the instruction set (tests run each path on one host).
+SIMD_LEVEL = os.environ.get("RAMLM_SIMD", "auto")
+FORCE_PORTABLE = os.environ.get("RAMLM_PORTABLE_SIMD", "") not in ("", "0") or SIMD_LEVEL == "generic"
 HOST_FEATURES = _host_features()
-HAS_VNNI = (not FORCE_PORTABLE) and {"avx512vnni", "avx512vl", "avx512bw"} <= HOST_FEATURES
-# Kernels decorated with cache=CACHE: the portable flavour must never load cached VNNI code.
-CACHE = not FORCE_PORTABLE
+HAS_VNNI = not FORCE_PORTABLE and SIMD_LEVEL == "auto" and {"avx512vnni", "avx512vl", "avx512bw"} <= HOST_FEATURES
+# AVX2 without VNNI (Zen 3, Haswell..Alder Lake): dpbusd as vpmaddubsw/vpmaddwd pairs, llama.cpp's way.
+HAS_AVX2 = not FORCE_PORTABLE and not HAS_VNNI and "avx2" in HOST_FEATURES
+# Kernels decorated with cache=CACHE: a capped flavour must never load the cached code of the host's own.
+CACHE = not FORCE_PORTABLE and SIMD_LEVEL == "auto"
 
 _LL = {"i8": ir.IntType(8), "i16": ir.IntType(16), "i32": ir.IntType(32), "f32": ir.FloatType()}
 
@@ -309,6 +314,38 @@ def _dpbusd_generic(builder, acc, a, b, n):
     return acc
 
 
+def _x86(builder, name, ret, args):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+_V8, _V16W = ir.VectorType(_I32, 8), ir.VectorType(ir.IntType(16), 16)
+
+
+def _dpbusd_avx2(builder, acc, a, b):
+    """Exact vpdpbusd for any bytes on AVX2: both halves widened to 16 bits, vpmaddwd, then adjacent pairs added."""
+    halves = []
+    for lo in (0, 16):
+        idx = ir.Constant(ir.VectorType(_I32, 16), list(range(lo, lo + 16)))
+        wa = builder.zext(builder.shuffle_vector(a, a, idx), _V16W)
+        wb = builder.sext(builder.shuffle_vector(b, b, idx), _V16W)
+        halves.append(_x86(builder, "llvm.x86.avx2.pmadd.wd", _V8, [wa, wb]))
+    even = builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(_I32, 8), list(range(0, 16, 2))))
+    odd = builder.shuffle_vector(halves[0], halves[1], ir.Constant(ir.VectorType(_I32, 8), list(range(1, 16, 2))))
+    return builder.add(acc, builder.add(even, odd))
+
+
+def _dpbusd_avx2_small(builder, acc, a, b):
+    """vpdpbusd when every byte of a is below 128 on AVX2: vpmaddubsw's 16-bit pair sums then cannot saturate
+    (2 * 127 * 128 < 32768), and vpmaddwd by ones adds the pairs into the dword lanes."""
+    pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16W, [a, b])
+    return builder.add(acc, _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8, [pairs, ir.Constant(_V16W, [1] * 16)]))
+
+
+def _vpdpbusd(builder, acc, a, b):
+    return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", _V8, [acc, builder.bitcast(a, _V8), builder.bitcast(b, _V8)])
+
+
 @intrinsic
 def dpbusd(typingctx, acc, a, b):
     """i32x8 acc + dot products of 4-byte groups: unsigned bytes a x signed bytes b (u8x32 each)."""
@@ -316,13 +353,26 @@ def dpbusd(typingctx, acc, a, b):
         return None
 
     def codegen(context, builder, sig, args):
-        vacc, va, vb = args
-        if not HAS_VNNI:
-            return _dpbusd_generic(builder, vacc, va, vb, 8)
-        v8 = ir.VectorType(_I32, 8)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8, v8]),
-                                            "llvm.x86.avx512.vpdpbusd.256")
-        return builder.call(fn, [vacc, builder.bitcast(va, v8), builder.bitcast(vb, v8)])
+        if HAS_VNNI:
+            return _vpdpbusd(builder, *args)
+        if HAS_AVX2:
+            return _dpbusd_avx2(builder, *args)
+        return _dpbusd_generic(builder, *args, 8)
+    return i32x8(acc, a, b), codegen
+
+
+@intrinsic
+def dpbusd7(typingctx, acc, a, b):
+    """dpbusd for weights below 128 in every byte of a (4-, 5- and 6-bit quants): on AVX2 two instructions, not five."""
+    if not (acc == i32x8 and a == u8x32 and b == u8x32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        if HAS_VNNI:
+            return _vpdpbusd(builder, *args)
+        if HAS_AVX2:
+            return _dpbusd_avx2_small(builder, *args)
+        return _dpbusd_generic(builder, *args, 8)
     return i32x8(acc, a, b), codegen
 
 

@@ -211,41 +211,89 @@ from numba import njit
 from cpu_kernels.quant import simd
 
 @njit
-def dots(acc, a, b, out):
+def dots(acc, a, b, out, small):
     for i in range(a.shape[0] // 32):
-        v = simd.dpbusd(simd.load_i32x8(acc, 8 * i), simd.load_u8x32(a, 32 * i), simd.load_u8x32(b, 32 * i))
+        acc_i, a_i, b_i = simd.load_i32x8(acc, 8 * i), simd.load_u8x32(a, 32 * i), simd.load_u8x32(b, 32 * i)
+        v = simd.dpbusd7(acc_i, a_i, b_i) if small else simd.dpbusd(acc_i, a_i, b_i)
         simd.store(out, 8 * i, simd.to_f32(v))
 
-rng = np.random.default_rng(0)
-acc = rng.integers(-2**20, 2**20, 64).astype(np.int32)
-a, b = rng.integers(0, 256, (2, 256)).astype(np.uint8)
-out = np.empty(64, np.float32)
-dots(acc, a, b, out)
-sys.stdout.write(str(simd.HAS_VNNI) + " " + out.tobytes().hex())
+def inputs():
+    rng = np.random.default_rng(0)
+    acc = rng.integers(-2**20, 2**20, 64).astype(np.int32)
+    a, b = rng.integers(0, 256, (2, 256)).astype(np.uint8)
+    a[:32], b[:32] = 255, 128  # the extremes: 255 x -128 in every byte of the first lanes
+    return acc, a, b
+
+def run():
+    acc, a, b = inputs()
+    out = np.empty(128, np.float32)
+    dots(acc, a, b, out[:64], False)
+    dots(acc, a & 127, b, out[64:], True)  # dpbusd7: weights below 128
+    return out
+
+if __name__ == "__main__":
+    sys.stdout.write(f"{simd.HAS_VNNI} {simd.HAS_AVX2} " + run().tobytes().hex())
 """
 
 
-def _dpbusd(portable: bool):
-    env = dict(os.environ, RAMLM_PORTABLE_SIMD="1" if portable else "0", NUMBA_DISABLE_JIT="0")
+def _dpbusd(level: str):
+    env = dict(os.environ, RAMLM_SIMD=level, RAMLM_PORTABLE_SIMD="0", NUMBA_DISABLE_JIT="0")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     res = subprocess.run([sys.executable, "-c", _DPBUSD_CHECK], env=env, cwd=root,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    has_vnni, hexed = res.stdout.split()
-    return has_vnni == "True", np.frombuffer(bytes.fromhex(hexed), np.float32)
+    has_vnni, has_avx2, hexed = res.stdout.split()
+    return has_vnni == "True", has_avx2 == "True", np.frombuffer(bytes.fromhex(hexed), np.float32)
 
 
-def test_dpbusd_vnni_and_portable_paths_agree_with_numpy():
-    """The generic-IR dpbusd (chosen on CPUs without VNNI) computes exactly what vpdpbusd does."""
-    rng = np.random.default_rng(0)
-    acc = rng.integers(-2**20, 2**20, 64).astype(np.int32)
-    a, b = rng.integers(0, 256, (2, 256)).astype(np.uint8)
-    want = acc + (a.astype(np.int64) * b.view(np.int8)).reshape(64, 4).sum(-1)
+def test_dpbusd_every_instruction_set_agrees_with_numpy():
+    """dpbusd and dpbusd7 give exactly vpdpbusd's sums on this host's path, on the AVX2 path (vpmaddwd /
+    vpmaddubsw pairs, when the host has AVX2) and on the generic-IR path."""
     scope = {}
-    exec(_DPBUSD_CHECK.split("rng =")[0], scope)  # the same kernel, compiled here for this host
-    native = np.empty(64, np.float32)
-    scope["dots"](acc, a, b, native)
-    used_vnni, portable = _dpbusd(portable=True)
-    assert not used_vnni
-    np.testing.assert_array_equal(native, want.astype(np.float32))
-    np.testing.assert_array_equal(portable, want.astype(np.float32))
+    exec(_DPBUSD_CHECK.split('if __name__')[0], scope)  # the same kernel, compiled here for this host
+    acc, a, b = scope["inputs"]()
+    dot = lambda w: (w.astype(np.int64) * b.view(np.int8)).reshape(64, 4).sum(-1)
+    want = np.concatenate([acc + dot(a), acc + dot(a & 127)]).astype(np.float32)
+    np.testing.assert_array_equal(scope["run"](), want)
+    vnni, avx2, generic = _dpbusd("generic")
+    assert not vnni and not avx2
+    np.testing.assert_array_equal(generic, want)
+    from cpu_kernels.quant import simd
+    if "avx2" in simd.HOST_FEATURES:
+        vnni, avx2, capped = _dpbusd("avx2")
+        assert not vnni and avx2
+        np.testing.assert_array_equal(capped, want)
+
+
+_GEMV_CHECK = """
+import sys
+import numpy as np
+from cpu_kernels.quant import QuantLinear, quantize
+from gguf import GGMLQuantizationType as Q
+
+rng = np.random.default_rng(1)
+outs = []
+for t in (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K):
+    w = rng.standard_normal((24, 512)).astype(np.float32)
+    lin = QuantLinear.from_raw(t, quantize(t, w), w.shape)
+    for m in (1, 6):
+        outs.append(lin.matmul(rng.standard_normal((m, 512)).astype(np.float32)).ravel())
+sys.stdout.write(np.concatenate(outs).tobytes().hex())
+"""
+
+
+@pytest.mark.skipif(not __import__("cpu_kernels.quant.simd", fromlist=["x"]).HOST_FEATURES >= {"avx2"},
+                    reason="the host has no AVX2")
+def test_gemv_is_bitwise_equal_on_every_instruction_set():
+    """Every int8 GEMV format gives the same bits on the host's path, capped at AVX2 and on generic IR
+    (dpbusd7 assumes 4-6-bit weights below 128: a format breaking that would saturate vpmaddubsw here)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    got = {}
+    for level in ("auto", "avx2", "generic"):
+        res = subprocess.run([sys.executable, "-c", _GEMV_CHECK], env=dict(os.environ, RAMLM_SIMD=level), cwd=root,
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+        got[level] = np.frombuffer(bytes.fromhex(res.stdout), np.float32)
+    assert got["auto"].size == 5 * 24 * 7 and np.isfinite(got["auto"]).all()
+    np.testing.assert_array_equal(got["avx2"], got["auto"])
+    np.testing.assert_array_equal(got["generic"], got["auto"])
