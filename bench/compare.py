@@ -1,13 +1,20 @@
-"""ramlm against llama.cpp on the same GGUF and thread count, alternating, medians and ratios.
+r"""ramlm against llama.cpp on the same GGUF and thread count, alternating, medians and ratios.
 
     python -m bench.compare [--model M] [--threads 2] [--rounds 3] [--prompt-tokens 512] [--gen-tokens 128]
 
-llama.cpp comes from llama-cpp-python built from source with AMX off (the native build dies with
-SIGILL on these virtual machines) and AVX-512/VNNI/BF16 on:
+llama.cpp comes from llama-cpp-python built from source with GGML_NATIVE and AMX off (the native build
+dies with SIGILL on these virtual machines) and the host's vector extensions on. AVX-512 hosts (Zen 4,
+Sapphire Rapids):
 
     CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
       -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON \
       -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install llama-cpp-python
+
+AVX2-only hosts (Zen 3: `grep -c avx512f /proc/cpuinfo` prints 0), where the line above dies with SIGILL:
+
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+      -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
+      pip install --no-cache-dir --force-reinstall llama-cpp-python
 
 Each measurement runs in a fresh worker process (so the two runtimes' thread pools never share a
 process), ramlm and llama.cpp in turn, round after round; the figures are the medians.
@@ -95,6 +102,10 @@ def run_worker(engine: str, args) -> dict:
            str(args.threads), "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
            "--prefill-dtype", args.prefill_dtype]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if out.returncode == -4 and engine == "llamacpp":  # SIGILL
+        raise RuntimeError("llama.cpp died with SIGILL: llama-cpp-python was built for instructions this CPU "
+                           "lacks (AVX-512 on an AVX2-only host?); rebuild it with the matching line in "
+                           "`python -m bench.compare --help`")
     if out.returncode != 0:
         raise RuntimeError(f"{engine} worker failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
