@@ -21,9 +21,9 @@ import numpy as np
 from numba import njit, prange
 
 from .q8act import quantize_act
-from .simd import (CACHE, PREFETCH_AHEAD, bits_to_bytes, concat, dpbusd, dpbusd7, f16_to_f32, i8_to_f32, lane, load_bcast4,
-                   load_f16x8, load_strided4, load_strided4x4, load_u8x32, muladd, prefetch, splat_i32, store, to_f32,
-                   vadd, vand, vmul, vor, vshl, vshr, vsub, zero_f32x8)
+from .simd import (CACHE, PREFETCH_AHEAD, Q8_OFFSET, bits_to_bytes, concat, dpbusd7, dpbusd_q8, f16_to_f32, i8_to_f32,
+                   lane, load_bcast4, load_f16x8, load_strided4, load_strided4x4, load_u8x32, muladd, prefetch,
+                   splat_i32, store, to_f32, vadd, vand, vmul, vor, vshl, vshr, vsub, zero_f32x8)
 
 
 @njit(cache=CACHE)
@@ -58,10 +58,10 @@ def dot_one(q, o, xq, xo, init):
     """One block of 8 rows against one activation row, in four chains (vpdpbusd's latency)."""
     a, c, e, f = init, splat_i32(0), splat_i32(0), splat_i32(0)
     for j in range(0, 8, 4):
-        a = dpbusd(a, load_u8x32(q, o + 32 * j), load_bcast4(xq, xo + 4 * j))
-        c = dpbusd(c, load_u8x32(q, o + 32 * j + 32), load_bcast4(xq, xo + 4 * j + 4))
-        e = dpbusd(e, load_u8x32(q, o + 32 * j + 64), load_bcast4(xq, xo + 4 * j + 8))
-        f = dpbusd(f, load_u8x32(q, o + 32 * j + 96), load_bcast4(xq, xo + 4 * j + 12))
+        a = dpbusd_q8(a, load_u8x32(q, o + 32 * j), load_bcast4(xq, xo + 4 * j))
+        c = dpbusd_q8(c, load_u8x32(q, o + 32 * j + 32), load_bcast4(xq, xo + 4 * j + 4))
+        e = dpbusd_q8(e, load_u8x32(q, o + 32 * j + 64), load_bcast4(xq, xo + 4 * j + 8))
+        f = dpbusd_q8(f, load_u8x32(q, o + 32 * j + 96), load_bcast4(xq, xo + 4 * j + 12))
     return vadd(vadd(a, c), vadd(e, f))
 
 
@@ -91,7 +91,7 @@ def gemv_q8_0(q, d, x, out):
     M, K = x.shape
     G = q.shape[0]
     nb = K // 32
-    s = block_offsets(xn4, nb, 128)
+    s = block_offsets(xn4, nb, Q8_OFFSET)
     for g in prange(G):
         if M < 4:
             for m in range(M):
@@ -118,10 +118,10 @@ def gemv_q8_0(q, d, x, out):
                 x0 = m0 * K + b * 32
                 for j in range(8):
                     w = load_u8x32(q, o + 32 * j)
-                    i0 = dpbusd(i0, w, load_bcast4(xq, x0 + 4 * j))
-                    i1 = dpbusd(i1, w, load_bcast4(xq, x0 + K + 4 * j))
-                    i2 = dpbusd(i2, w, load_bcast4(xq, x0 + 2 * K + 4 * j))
-                    i3 = dpbusd(i3, w, load_bcast4(xq, x0 + 3 * K + 4 * j))
+                    i0 = dpbusd_q8(i0, w, load_bcast4(xq, x0 + 4 * j))
+                    i1 = dpbusd_q8(i1, w, load_bcast4(xq, x0 + K + 4 * j))
+                    i2 = dpbusd_q8(i2, w, load_bcast4(xq, x0 + 2 * K + 4 * j))
+                    i3 = dpbusd_q8(i3, w, load_bcast4(xq, x0 + 3 * K + 4 * j))
                 a0 = muladd(a0, to_f32(i0), vmul(dw, xd[m0, b]))
                 a1 = muladd(a1, to_f32(i1), vmul(dw, xd[m0 + 1, b]))
                 a2 = muladd(a2, to_f32(i2), vmul(dw, xd[m0 + 2, b]))

@@ -376,6 +376,38 @@ def dpbusd7(typingctx, acc, a, b):
     return i32x8(acc, a, b), codegen
 
 
+# Q8_0's weights are stored as value + 128 (unsigned, for vpdpbusd), and its kernels start each block's sum at
+# -Q8_OFFSET times the activations' sum; on AVX2 dpbusd_q8 takes the 128 back off itself, so the offset is 0.
+Q8_OFFSET = 0 if HAS_AVX2 else 128
+
+
+def _dpbusd_avx2_q8(builder, acc, a, b):
+    """acc + quad sums of (a - 128) x b on AVX2, for b above -128: |a - 128| x (b signed by a - 128) through
+    vpmaddubsw (pairs at most 2 * 128 * 127, no saturation), then vpmaddwd by ones."""
+    v = builder.xor(a, ir.Constant(a.type, [0x80] * 32))
+    neg = builder.icmp_signed("<", v, ir.Constant(a.type, [0] * 32))
+    mag = builder.select(neg, builder.neg(v), v)
+    signed_b = _x86(builder, "llvm.x86.avx2.psign.b", a.type, [b, v])
+    pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16W, [mag, signed_b])
+    return builder.add(acc, _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8, [pairs, ir.Constant(_V16W, [1] * 16)]))
+
+
+@intrinsic
+def dpbusd_q8(typingctx, acc, a, b):
+    """Q8_0's dot: acc + quad sums of (a - 128 + Q8_OFFSET) x b for stored weights a (value + 128) and int8
+    activations b in -127..127: plain dpbusd where Q8_OFFSET is 128, the signed dot on AVX2."""
+    if not (acc == i32x8 and a == u8x32 and b == u8x32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        if HAS_VNNI:
+            return _vpdpbusd(builder, *args)
+        if HAS_AVX2:
+            return _dpbusd_avx2_q8(builder, *args)
+        return _dpbusd_generic(builder, *args, 8)
+    return i32x8(acc, a, b), codegen
+
+
 # Bytes ahead that the GEMVs ask the memory system for: the hardware prefetcher alone streamed the 262144 x 640
 # output matrix at ~27 GB/s and long rows (K = 14336) at half the speed of short ones.
 PREFETCH_AHEAD = 2048

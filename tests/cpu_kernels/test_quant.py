@@ -211,10 +211,15 @@ from numba import njit
 from cpu_kernels.quant import simd
 
 @njit
-def dots(acc, a, b, out, small):
+def dots(acc, a, b, out, kind):
     for i in range(a.shape[0] // 32):
         acc_i, a_i, b_i = simd.load_i32x8(acc, 8 * i), simd.load_u8x32(a, 32 * i), simd.load_u8x32(b, 32 * i)
-        v = simd.dpbusd7(acc_i, a_i, b_i) if small else simd.dpbusd(acc_i, a_i, b_i)
+        if kind == 0:
+            v = simd.dpbusd(acc_i, a_i, b_i)
+        elif kind == 1:
+            v = simd.dpbusd7(acc_i, a_i, b_i)
+        else:
+            v = simd.dpbusd_q8(acc_i, a_i, b_i)
         simd.store(out, 8 * i, simd.to_f32(v))
 
 def inputs():
@@ -226,13 +231,14 @@ def inputs():
 
 def run():
     acc, a, b = inputs()
-    out = np.empty(128, np.float32)
-    dots(acc, a, b, out[:64], False)
-    dots(acc, a & 127, b, out[64:], True)  # dpbusd7: weights below 128
+    out = np.empty(192, np.float32)
+    dots(acc, a, b, out[:64], 0)
+    dots(acc, a & 127, b, out[64:128], 1)  # dpbusd7: weights below 128
+    dots(acc, a, np.maximum(b.view(np.int8), -127).view(np.uint8), out[128:], 2)  # dpbusd_q8: activations > -128
     return out
 
 if __name__ == "__main__":
-    sys.stdout.write(f"{simd.HAS_VNNI} {simd.HAS_AVX2} " + run().tobytes().hex())
+    sys.stdout.write(f"{simd.HAS_VNNI} {simd.HAS_AVX2} {simd.Q8_OFFSET} " + run().tobytes().hex())
 """
 
 
@@ -242,27 +248,32 @@ def _dpbusd(level: str):
     res = subprocess.run([sys.executable, "-c", _DPBUSD_CHECK], env=env, cwd=root,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    has_vnni, has_avx2, hexed = res.stdout.split()
-    return has_vnni == "True", has_avx2 == "True", np.frombuffer(bytes.fromhex(hexed), np.float32)
+    has_vnni, has_avx2, q8_offset, hexed = res.stdout.split()
+    return has_vnni == "True", has_avx2 == "True", int(q8_offset), np.frombuffer(bytes.fromhex(hexed), np.float32)
 
 
 def test_dpbusd_every_instruction_set_agrees_with_numpy():
-    """dpbusd and dpbusd7 give exactly vpdpbusd's sums on this host's path, on the AVX2 path (vpmaddwd /
-    vpmaddubsw pairs, when the host has AVX2) and on the generic-IR path."""
+    """dpbusd, dpbusd7 and dpbusd_q8 give exactly vpdpbusd's sums (dpbusd_q8: less 128 - Q8_OFFSET per weight)
+    on this host's path, on the AVX2 path (when the host has AVX2) and on the generic-IR path."""
+    from cpu_kernels.quant import simd
     scope = {}
     exec(_DPBUSD_CHECK.split('if __name__')[0], scope)  # the same kernel, compiled here for this host
     acc, a, b = scope["inputs"]()
-    dot = lambda w: (w.astype(np.int64) * b.view(np.int8)).reshape(64, 4).sum(-1)
-    want = np.concatenate([acc + dot(a), acc + dot(a & 127)]).astype(np.float32)
-    np.testing.assert_array_equal(scope["run"](), want)
-    vnni, avx2, generic = _dpbusd("generic")
-    assert not vnni and not avx2
-    np.testing.assert_array_equal(generic, want)
-    from cpu_kernels.quant import simd
+    b_q8 = np.maximum(b.view(np.int8), -127)
+
+    def want(q8_offset):
+        dot = lambda w, x: (w.astype(np.int64) * x).reshape(64, 4).sum(-1)
+        return np.concatenate([acc + dot(a, b.view(np.int8)), acc + dot(a & 127, b.view(np.int8)),
+                               acc + dot(a.astype(np.int64) - 128 + q8_offset, b_q8)]).astype(np.float32)
+
+    np.testing.assert_array_equal(scope["run"](), want(simd.Q8_OFFSET))
+    vnni, avx2, offset, generic = _dpbusd("generic")
+    assert not vnni and not avx2 and offset == 128
+    np.testing.assert_array_equal(generic, want(128))
     if "avx2" in simd.HOST_FEATURES:
-        vnni, avx2, capped = _dpbusd("avx2")
-        assert not vnni and avx2
-        np.testing.assert_array_equal(capped, want)
+        vnni, avx2, offset, capped = _dpbusd("avx2")
+        assert not vnni and avx2 and offset == 0
+        np.testing.assert_array_equal(capped, want(0))
 
 
 _GEMV_CHECK = """
