@@ -15,6 +15,11 @@ README = os.path.join(os.path.dirname(__file__), "..", "README.md")
 BEGIN, END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
 
 
+def result_isa(d: dict) -> str:
+    # Results written before the field existed all came from AVX-512 VNNI (Zen 4) machines.
+    return d.get("machine", {}).get("isa", "avx512-vnni")
+
+
 def latest() -> dict[str, dict]:
     newest: dict[str, dict] = {}
     for path in sorted(glob.glob(os.path.join(RESULTS, "*.json"))):
@@ -23,14 +28,14 @@ def latest() -> dict[str, dict]:
                 d = json.load(f)
         except (OSError, ValueError):
             continue
-        key = d.get("bench", "?") + " " + os.path.basename(str(d.get("model") or "default"))
+        key = f"{d.get('bench', '?')} {os.path.basename(str(d.get('model') or 'default'))} {result_isa(d)}"
         if key not in newest or d.get("time", "") >= newest[key].get("time", ""):
             newest[key] = d
     return newest
 
 
 def rows(results: dict[str, dict]) -> list[str]:
-    out = ["| bench | model | figures | git | when |", "| --- | --- | --- | --- | --- |"]
+    out = ["| bench | model | cpu | figures | git | when |", "| --- | --- | --- | --- | --- | --- |"]
     for key in sorted(results):
         d = results[key]
         fig = d.get("figures", {})
@@ -43,7 +48,8 @@ def rows(results: dict[str, dict]) -> list[str]:
             elif isinstance(v, int):
                 parts.append(f"{k} {v}")
         model = os.path.basename(str(d.get("model") or "gemma-3-270m-q4_k_m.gguf"))
-        out.append(f"| {d.get('bench')} | {model} | {'; '.join(parts)} | {d.get('git', '')} | {d.get('time', '')} |")
+        out.append(f"| {d.get('bench')} | {model} | {result_isa(d)} | {'; '.join(parts)} | {d.get('git', '')} "
+                   f"| {d.get('time', '')} |")
     return out
 
 
