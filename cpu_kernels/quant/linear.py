@@ -22,7 +22,7 @@ DENSE_DTYPES = ("auto", "float32", "bfloat16")
 
 def auto_dense_dtype() -> str:
     """bfloat16 where oneDNN multiplies bf16 natively (AVX512-BF16 or AMX), else float32 (emulated bf16
-    would be slower than float32)."""
+    would be slower than float32; matmul then runs int8-activation formats on the GEMV instead)."""
     global _AUTO
     if _AUTO is None:
         import torch
@@ -130,7 +130,12 @@ class QuantLinear:
         else:
             if dense_dtype not in DENSE_DTYPES:
                 raise ValueError(f"matmul: dense_dtype must be one of {DENSE_DTYPES}, got {dense_dtype!r}")
-            self._matmul_dense(x2, y, auto_dense_dtype() if dense_dtype == "auto" else dense_dtype)
+            dtype = auto_dense_dtype() if dense_dtype == "auto" else dense_dtype
+            if dense_dtype == "auto" and dtype == "float32" and self.fmt.int8_activations:
+                # No native bf16: the int8 GEMV beats float32 GEMM at every M (Zen 3, M = 64..512: 1.0-2.5x).
+                self.fmt.gemv(*self.packed, x2, y)
+            else:
+                self._matmul_dense(x2, y, dtype)
         if out is not None and not direct:
             out[...] = y.reshape(out.shape)
             return out

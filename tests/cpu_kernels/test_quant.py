@@ -125,6 +125,23 @@ def test_bf16_prefill_matches_float64(case):
         lin.matmul(x, dense_dtype="float16")
 
 
+def test_auto_long_matmul_is_bf16_where_native_else_the_int8_gemv(case):
+    """dense_dtype="auto" above GEMV_MAX_M rows: oneDNN's bf16 GEMM where the CPU has native bf16; elsewhere
+    the int8 GEMV (faster than float32 GEMM there), bitwise what each row gives alone."""
+    from cpu_kernels.quant.linear import auto_dense_dtype
+    t, cases = case
+    N, K, w, raw, deq = cases[0]
+    lin = QuantLinear.from_raw(t, raw, (N, K))
+    x = np.random.default_rng(6).standard_normal((GEMV_MAX_M + 9, K)).astype(np.float32)
+    got = lin.matmul(x, dense_dtype="auto")
+    if auto_dense_dtype() == "bfloat16":
+        np.testing.assert_array_equal(got, lin.matmul(x, dense_dtype="bfloat16"))
+    elif lin.fmt.int8_activations:
+        np.testing.assert_array_equal(got, lin.matmul(x, batch_invariant=True))
+    else:
+        np.testing.assert_array_equal(got, lin.matmul(x, dense_dtype="float32"))
+
+
 def test_prefill_in_several_tiles(monkeypatch):
     import cpu_kernels.quant.linear as linear
     for t in (Q.Q4_K, Q.Q8_0, Q.F16):
