@@ -21,9 +21,9 @@ import numpy as np
 from numba import njit, prange
 
 from .q8act import quantize_act
-from .simd import (CACHE, PREFETCH_AHEAD, Q8_OFFSET, bits_to_bytes, concat, dpbusd7, dpbusd_q8, f16_to_f32, i8_to_f32,
-                   lane, load_bcast4, load_f16x8, load_strided4, load_strided4x4, load_u8x32, muladd, prefetch,
-                   splat_i32, store, to_f32, vadd, vand, vmul, vor, vshl, vshr, vsub, zero_f32x8)
+from .simd import (CACHE, PREFETCH_AHEAD, Q8_OFFSET, acc_i32, bits_to_bytes, concat, dpbusd_acc, dpbusd_q8, f16_to_f32,
+                   i8_to_f32, lane, load_bcast4, load_f16x8, load_strided4, load_strided4x4, load_u8x32, muladd,
+                   prefetch, splat_i32, store, to_f32, vadd, vand, vmul, vor, vshl, vshr, vsub, zero_acc, zero_f32x8)
 
 
 @njit(cache=CACHE)
@@ -173,12 +173,13 @@ def gemv_q5_0(qs, qh, d, x, out):
                     if m == 0:
                         prefetch_q5(qs, qh, d, g, nb, b)
                     xo = m * K + b * 32
-                    a, c = splat_i32(s[m, b]), splat_i32(0)
+                    a, c = zero_acc(), zero_acc()  # short accumulators: 4 dots of 5-bit weights each
                     for k in range(4):
                         lo, hi = q5_quads(qs, qh, g, nb, b, k)
-                        a = dpbusd7(a, lo, load_bcast4(xq, xo + 4 * k))
-                        c = dpbusd7(c, hi, load_bcast4(xq, xo + 16 + 4 * k))
-                    acc = muladd(acc, to_f32(vadd(a, c)), vmul(load_f16x8(d, (g * nb + b) * 8), xd[m, b]))
+                        a = dpbusd_acc(a, lo, load_bcast4(xq, xo + 4 * k))
+                        c = dpbusd_acc(c, hi, load_bcast4(xq, xo + 16 + 4 * k))
+                    iv = vadd(splat_i32(s[m, b]), vadd(acc_i32(a), acc_i32(c)))
+                    acc = muladd(acc, to_f32(iv), vmul(load_f16x8(d, (g * nb + b) * 8), xd[m, b]))
                 store_rows(out, m, 8 * g, acc)
             continue
         for m in range(0, M, 4):  # as gemv_q8_0
@@ -187,26 +188,29 @@ def gemv_q5_0(qs, qh, d, x, out):
             for b in range(nb):
                 if m == 0:
                     prefetch_q5(qs, qh, d, g, nb, b)
-                i0, i1 = splat_i32(s[m0, b]), splat_i32(s[m0 + 1, b])
-                i2, i3 = splat_i32(s[m0 + 2, b]), splat_i32(s[m0 + 3, b])
-                z = splat_i32(0)
-                h0, h1, h2, h3 = z, z, z, z
+                # Short accumulators: 4 dots of 5-bit weights each (simd.ACC_TYPE).
+                i0, i1, i2, i3 = zero_acc(), zero_acc(), zero_acc(), zero_acc()
+                h0, h1, h2, h3 = zero_acc(), zero_acc(), zero_acc(), zero_acc()
                 x0 = m0 * K + b * 32
                 for k in range(4):
                     lo, hi = q5_quads(qs, qh, g, nb, b, k)
-                    i0 = dpbusd7(i0, lo, load_bcast4(xq, x0 + 4 * k))
-                    i1 = dpbusd7(i1, lo, load_bcast4(xq, x0 + K + 4 * k))
-                    i2 = dpbusd7(i2, lo, load_bcast4(xq, x0 + 2 * K + 4 * k))
-                    i3 = dpbusd7(i3, lo, load_bcast4(xq, x0 + 3 * K + 4 * k))
-                    h0 = dpbusd7(h0, hi, load_bcast4(xq, x0 + 16 + 4 * k))
-                    h1 = dpbusd7(h1, hi, load_bcast4(xq, x0 + K + 16 + 4 * k))
-                    h2 = dpbusd7(h2, hi, load_bcast4(xq, x0 + 2 * K + 16 + 4 * k))
-                    h3 = dpbusd7(h3, hi, load_bcast4(xq, x0 + 3 * K + 16 + 4 * k))
+                    i0 = dpbusd_acc(i0, lo, load_bcast4(xq, x0 + 4 * k))
+                    i1 = dpbusd_acc(i1, lo, load_bcast4(xq, x0 + K + 4 * k))
+                    i2 = dpbusd_acc(i2, lo, load_bcast4(xq, x0 + 2 * K + 4 * k))
+                    i3 = dpbusd_acc(i3, lo, load_bcast4(xq, x0 + 3 * K + 4 * k))
+                    h0 = dpbusd_acc(h0, hi, load_bcast4(xq, x0 + 16 + 4 * k))
+                    h1 = dpbusd_acc(h1, hi, load_bcast4(xq, x0 + K + 16 + 4 * k))
+                    h2 = dpbusd_acc(h2, hi, load_bcast4(xq, x0 + 2 * K + 16 + 4 * k))
+                    h3 = dpbusd_acc(h3, hi, load_bcast4(xq, x0 + 3 * K + 16 + 4 * k))
                 dw = load_f16x8(d, (g * nb + b) * 8)
-                a0 = muladd(a0, to_f32(vadd(i0, h0)), vmul(dw, xd[m0, b]))
-                a1 = muladd(a1, to_f32(vadd(i1, h1)), vmul(dw, xd[m0 + 1, b]))
-                a2 = muladd(a2, to_f32(vadd(i2, h2)), vmul(dw, xd[m0 + 2, b]))
-                a3 = muladd(a3, to_f32(vadd(i3, h3)), vmul(dw, xd[m0 + 3, b]))
+                j0 = vadd(splat_i32(s[m0, b]), vadd(acc_i32(i0), acc_i32(h0)))
+                a0 = muladd(a0, to_f32(j0), vmul(dw, xd[m0, b]))
+                j1 = vadd(splat_i32(s[m0 + 1, b]), vadd(acc_i32(i1), acc_i32(h1)))
+                a1 = muladd(a1, to_f32(j1), vmul(dw, xd[m0 + 1, b]))
+                j2 = vadd(splat_i32(s[m0 + 2, b]), vadd(acc_i32(i2), acc_i32(h2)))
+                a2 = muladd(a2, to_f32(j2), vmul(dw, xd[m0 + 2, b]))
+                j3 = vadd(splat_i32(s[m0 + 3, b]), vadd(acc_i32(i3), acc_i32(h3)))
+                a3 = muladd(a3, to_f32(j3), vmul(dw, xd[m0 + 3, b]))
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
 
 

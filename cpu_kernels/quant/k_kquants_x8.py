@@ -17,9 +17,9 @@ from numba import njit, prange
 from .k_bytes import store_rows, store_rows4
 from .k_kquants import q6k_group
 from .q8act import quantize_act
-from .simd import (CACHE, PREFETCH_AHEAD, dpbusd7, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_strided4,
-                   load_u8x8, load_u8x32, muladd, pair16, prefetch, splat_i32, store, to_f32, u8_to_f32, vadd, vand,
-                   vmul, vshr, vsub, zero_f32x8, zero_i32x8)
+from .simd import (CACHE, PREFETCH_AHEAD, acc_i32, dpbusd7, dpbusd_acc, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8,
+                   load_strided4, load_u8x8, load_u8x32, muladd, pair16, prefetch, splat_i32, store, to_f32, u8_to_f32,
+                   vadd, vand, vmul, vshr, vsub, zero_acc, zero_f32x8)
 
 
 @njit(cache=CACHE)
@@ -58,15 +58,15 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
                         if m == 0:
                             prefetch_chunk(qs, sc, mn, d, dmin, o, (g * ns + s) * 64 + c * 16)
                         xo = m * K + s * 256 + 64 * c
-                        ia, ib, ja_, jb = zero_i32x8(), zero_i32x8(), zero_i32x8(), zero_i32x8()
+                        ia, ib, ja_, jb = zero_acc(), zero_acc(), zero_acc(), zero_acc()
                         for k in range(0, 8, 2):  # four chains: vpdpbusd's latency
                             w = load_u8x32(qs, o + 32 * k)
-                            ia = dpbusd7(ia, vand(w, 15), load_bcast4(xq, xo + 4 * k))
-                            ib = dpbusd7(ib, vshr(w, 4), load_bcast4(xq, xo + 32 + 4 * k))
+                            ia = dpbusd_acc(ia, vand(w, 15), load_bcast4(xq, xo + 4 * k))
+                            ib = dpbusd_acc(ib, vshr(w, 4), load_bcast4(xq, xo + 32 + 4 * k))
                             w = load_u8x32(qs, o + 32 * k + 32)
-                            ja_ = dpbusd7(ja_, vand(w, 15), load_bcast4(xq, xo + 4 * k + 4))
-                            jb = dpbusd7(jb, vshr(w, 4), load_bcast4(xq, xo + 36 + 4 * k))
-                        ia, ib = vadd(ia, ja_), vadd(ib, jb)
+                            ja_ = dpbusd_acc(ja_, vand(w, 15), load_bcast4(xq, xo + 4 * k + 4))
+                            jb = dpbusd_acc(jb, vshr(w, 4), load_bcast4(xq, xo + 36 + 4 * k))
+                        ia, ib = vadd(acc_i32(ia), acc_i32(ja_)), vadd(acc_i32(ib), acc_i32(jb))
                         ja = s * 8 + 2 * c
                         sa, ma = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c)
                         sb, mb = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c + 1)
@@ -86,33 +86,34 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
                     if m == 0:
                         prefetch_chunk(qs, sc, mn, d, dmin, o, (g * ns + s) * 64 + c * 16)
                     xo = m0 * K + s * 256 + 64 * c
-                    i0, i1, i2, i3 = zero_i32x8(), zero_i32x8(), zero_i32x8(), zero_i32x8()
-                    h0, h1, h2, h3 = zero_i32x8(), zero_i32x8(), zero_i32x8(), zero_i32x8()
+                    # Short accumulators: 8 dots of 4-bit weights each (simd.ACC_TYPE).
+                    i0, i1, i2, i3 = zero_acc(), zero_acc(), zero_acc(), zero_acc()
+                    h0, h1, h2, h3 = zero_acc(), zero_acc(), zero_acc(), zero_acc()
                     for k in range(8):
                         w = load_u8x32(qs, o + 32 * k)
                         lo, hi = vand(w, 15), vshr(w, 4)
-                        i0 = dpbusd7(i0, lo, load_bcast4(xq, xo + 4 * k))
-                        i1 = dpbusd7(i1, lo, load_bcast4(xq, xo + K + 4 * k))
-                        i2 = dpbusd7(i2, lo, load_bcast4(xq, xo + 2 * K + 4 * k))
-                        i3 = dpbusd7(i3, lo, load_bcast4(xq, xo + 3 * K + 4 * k))
-                        h0 = dpbusd7(h0, hi, load_bcast4(xq, xo + 32 + 4 * k))
-                        h1 = dpbusd7(h1, hi, load_bcast4(xq, xo + K + 32 + 4 * k))
-                        h2 = dpbusd7(h2, hi, load_bcast4(xq, xo + 2 * K + 32 + 4 * k))
-                        h3 = dpbusd7(h3, hi, load_bcast4(xq, xo + 3 * K + 32 + 4 * k))
+                        i0 = dpbusd_acc(i0, lo, load_bcast4(xq, xo + 4 * k))
+                        i1 = dpbusd_acc(i1, lo, load_bcast4(xq, xo + K + 4 * k))
+                        i2 = dpbusd_acc(i2, lo, load_bcast4(xq, xo + 2 * K + 4 * k))
+                        i3 = dpbusd_acc(i3, lo, load_bcast4(xq, xo + 3 * K + 4 * k))
+                        h0 = dpbusd_acc(h0, hi, load_bcast4(xq, xo + 32 + 4 * k))
+                        h1 = dpbusd_acc(h1, hi, load_bcast4(xq, xo + K + 32 + 4 * k))
+                        h2 = dpbusd_acc(h2, hi, load_bcast4(xq, xo + 2 * K + 32 + 4 * k))
+                        h3 = dpbusd_acc(h3, hi, load_bcast4(xq, xo + 3 * K + 32 + 4 * k))
                     ja = s * 8 + 2 * c
                     sa, ma = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c)
                     sb, mb = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c + 1)
-                    a0 = muladd(a0, to_f32(i0), vmul(sa, xd[m0, ja]))
-                    a0 = muladd(a0, to_f32(h0), vmul(sb, xd[m0, ja + 1]))
+                    a0 = muladd(a0, to_f32(acc_i32(i0)), vmul(sa, xd[m0, ja]))
+                    a0 = muladd(a0, to_f32(acc_i32(h0)), vmul(sb, xd[m0, ja + 1]))
                     a0 = vsub(vsub(a0, vmul(ma, xs32[m0, ja])), vmul(mb, xs32[m0, ja + 1]))
-                    a1 = muladd(a1, to_f32(i1), vmul(sa, xd[m0 + 1, ja]))
-                    a1 = muladd(a1, to_f32(h1), vmul(sb, xd[m0 + 1, ja + 1]))
+                    a1 = muladd(a1, to_f32(acc_i32(i1)), vmul(sa, xd[m0 + 1, ja]))
+                    a1 = muladd(a1, to_f32(acc_i32(h1)), vmul(sb, xd[m0 + 1, ja + 1]))
                     a1 = vsub(vsub(a1, vmul(ma, xs32[m0 + 1, ja])), vmul(mb, xs32[m0 + 1, ja + 1]))
-                    a2 = muladd(a2, to_f32(i2), vmul(sa, xd[m0 + 2, ja]))
-                    a2 = muladd(a2, to_f32(h2), vmul(sb, xd[m0 + 2, ja + 1]))
+                    a2 = muladd(a2, to_f32(acc_i32(i2)), vmul(sa, xd[m0 + 2, ja]))
+                    a2 = muladd(a2, to_f32(acc_i32(h2)), vmul(sb, xd[m0 + 2, ja + 1]))
                     a2 = vsub(vsub(a2, vmul(ma, xs32[m0 + 2, ja])), vmul(mb, xs32[m0 + 2, ja + 1]))
-                    a3 = muladd(a3, to_f32(i3), vmul(sa, xd[m0 + 3, ja]))
-                    a3 = muladd(a3, to_f32(h3), vmul(sb, xd[m0 + 3, ja + 1]))
+                    a3 = muladd(a3, to_f32(acc_i32(i3)), vmul(sa, xd[m0 + 3, ja]))
+                    a3 = muladd(a3, to_f32(acc_i32(h3)), vmul(sb, xd[m0 + 3, ja + 1]))
                     a3 = vsub(vsub(a3, vmul(ma, xs32[m0 + 3, ja])), vmul(mb, xs32[m0 + 3, ja + 1]))
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
 

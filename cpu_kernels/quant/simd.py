@@ -57,6 +57,7 @@ class _VecModel(models.PrimitiveModel):
 
 u8x8, u8x16, u8x32 = Vec("i8", 8), Vec("i8", 16), Vec("i8", 32)
 i32x8, f32x8, f32x16 = Vec("i32", 8), Vec("f32", 8), Vec("f32", 16)
+i16x16 = Vec("i16", 16)
 _I32 = ir.IntType(32)
 
 
@@ -374,6 +375,49 @@ def dpbusd7(typingctx, acc, a, b):
             return _dpbusd_avx2_small(builder, *args)
         return _dpbusd_generic(builder, *args, 8)
     return i32x8(acc, a, b), codegen
+
+
+# Short accumulators: on AVX2 a run of dots of small weights sums vpmaddubsw's 16-bit pairs with vpaddw and widens
+# once at the end (one vpmaddwd per run instead of one per dot); elsewhere they are the usual int32 lanes. A run
+# must stay below 32768 per 16-bit lane: 2 * w_max * 128 * dots, i.e. at most 8 dots of 4-bit or 4 of 5-bit weights.
+ACC_TYPE = i16x16 if HAS_AVX2 else i32x8
+
+
+@intrinsic
+def zero_acc(typingctx):
+    """A zero short accumulator (ACC_TYPE)."""
+    def codegen(context, builder, sig, args):
+        return ir.Constant(context.get_value_type(sig.return_type), None)
+    return ACC_TYPE(), codegen
+
+
+@intrinsic
+def dpbusd_acc(typingctx, acc, a, b):
+    """dpbusd7 into a short accumulator (see ACC_TYPE for how many dots a run may hold)."""
+    if not (acc == ACC_TYPE and a == u8x32 and b == u8x32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vacc, va, vb = args
+        if HAS_AVX2:
+            return builder.add(vacc, _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16W, [va, vb]))
+        if HAS_VNNI:
+            return _vpdpbusd(builder, vacc, va, vb)
+        return _dpbusd_generic(builder, vacc, va, vb, 8)
+    return ACC_TYPE(acc, a, b), codegen
+
+
+@intrinsic
+def acc_i32(typingctx, acc):
+    """A short accumulator's i32x8 dot sums (AVX2: vpmaddwd by ones adds the 16-bit pairs)."""
+    if acc != ACC_TYPE:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if HAS_AVX2:
+            return _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8, [args[0], ir.Constant(_V16W, [1] * 16)])
+        return args[0]
+    return i32x8(acc), codegen
 
 
 # Q8_0's weights are stored as value + 128 (unsigned, for vpdpbusd), and its kernels start each block's sum at
