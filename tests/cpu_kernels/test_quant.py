@@ -239,6 +239,13 @@ def dots(acc, a, b, out, kind):
             v = simd.dpbusd_q8(acc_i, a_i, b_i)
         simd.store(out, 8 * i, simd.to_f32(v))
 
+@njit
+def run_of(a, b, n, out):
+    acc = simd.zero_acc()
+    for _ in range(n):
+        acc = simd.dpbusd_acc(acc, simd.load_u8x32(a, 0), simd.load_u8x32(b, 0))
+    simd.store(out, 0, simd.to_f32(simd.acc_i32(acc)))
+
 def inputs():
     rng = np.random.default_rng(0)
     acc = rng.integers(-2**20, 2**20, 64).astype(np.int32)
@@ -252,7 +259,10 @@ def run():
     dots(acc, a, b, out[:64], 0)
     dots(acc, a & 127, b, out[64:128], 1)  # dpbusd7: weights below 128
     dots(acc, a, np.maximum(b.view(np.int8), -127).view(np.uint8), out[128:], 2)  # dpbusd_q8: activations > -128
-    return out
+    runs = np.empty(16, np.float32)  # the longest short-accumulator runs at their extremes: 8 x 4-bit, 4 x 5-bit
+    run_of(np.full(32, 15, np.uint8), np.full(32, 128, np.uint8), 8, runs[:8])
+    run_of(np.full(32, 31, np.uint8), np.full(32, 128, np.uint8), 4, runs[8:])
+    return np.concatenate([out, runs])
 
 if __name__ == "__main__":
     sys.stdout.write(f"{simd.HAS_VNNI} {simd.HAS_AVX2} {simd.Q8_OFFSET} " + run().tobytes().hex())
@@ -270,8 +280,9 @@ def _dpbusd(level: str):
 
 
 def test_dpbusd_every_instruction_set_agrees_with_numpy():
-    """dpbusd, dpbusd7 and dpbusd_q8 give exactly vpdpbusd's sums (dpbusd_q8: less 128 - Q8_OFFSET per weight)
-    on this host's path, on the AVX2 path (when the host has AVX2) and on the generic-IR path."""
+    """dpbusd, dpbusd7 and dpbusd_q8 give exactly vpdpbusd's sums (dpbusd_q8: less 128 - Q8_OFFSET per weight),
+    and short accumulators hold their longest runs at the extremes, on this host's path, on the AVX2 path (when
+    the host has AVX2) and on the generic-IR path."""
     from cpu_kernels.quant import simd
     scope = {}
     exec(_DPBUSD_CHECK.split('if __name__')[0], scope)  # the same kernel, compiled here for this host
@@ -281,7 +292,8 @@ def test_dpbusd_every_instruction_set_agrees_with_numpy():
     def want(q8_offset):
         dot = lambda w, x: (w.astype(np.int64) * x).reshape(64, 4).sum(-1)
         return np.concatenate([acc + dot(a, b.view(np.int8)), acc + dot(a & 127, b.view(np.int8)),
-                               acc + dot(a.astype(np.int64) - 128 + q8_offset, b_q8)]).astype(np.float32)
+                               acc + dot(a.astype(np.int64) - 128 + q8_offset, b_q8),
+                               np.full(8, 8 * 4 * 15 * -128), np.full(8, 4 * 4 * 31 * -128)]).astype(np.float32)
 
     np.testing.assert_array_equal(scope["run"](), want(simd.Q8_OFFSET))
     vnni, avx2, offset, generic = _dpbusd("generic")
