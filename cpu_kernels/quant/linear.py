@@ -22,7 +22,7 @@ DENSE_DTYPES = ("auto", "float32", "bfloat16")
 
 def auto_dense_dtype() -> str:
     """bfloat16 where oneDNN multiplies bf16 natively (AVX512-BF16 or AMX), else float32 (emulated bf16
-    would be slower than float32; matmul then runs int8-activation formats on the GEMV instead)."""
+    would be slower than float32; matmul then runs the formats marked gemv_prefill on the GEMV instead)."""
     global _AUTO
     if _AUTO is None:
         import torch
@@ -131,9 +131,8 @@ class QuantLinear:
             if dense_dtype not in DENSE_DTYPES:
                 raise ValueError(f"matmul: dense_dtype must be one of {DENSE_DTYPES}, got {dense_dtype!r}")
             dtype = auto_dense_dtype() if dense_dtype == "auto" else dense_dtype
-            if dense_dtype == "auto" and dtype == "float32" and self.fmt.int8_activations:
-                # No native bf16: the int8 GEMV beats float32 GEMM at every M (Zen 3, M = 64..512: 1.0-2.5x).
-                self.fmt.gemv(*self.packed, x2, y)
+            if dense_dtype == "auto" and dtype == "float32" and self.fmt.gemv_prefill:
+                self.fmt.gemv(*self.packed, x2, y)  # no native bf16: this format's GEMV beats float32 GEMM
             else:
                 self._matmul_dense(x2, y, dtype)
         if out is not None and not direct:

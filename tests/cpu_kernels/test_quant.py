@@ -127,7 +127,8 @@ def test_bf16_prefill_matches_float64(case):
 
 def test_auto_long_matmul_is_bf16_where_native_else_the_int8_gemv(case):
     """dense_dtype="auto" above GEMV_MAX_M rows: oneDNN's bf16 GEMM where the CPU has native bf16; elsewhere
-    the int8 GEMV (faster than float32 GEMM there), bitwise what each row gives alone."""
+    the GEMV for the formats marked gemv_prefill (faster than float32 GEMM there), bitwise what each row gives
+    alone, and float32 GEMM for the rest."""
     from cpu_kernels.quant.linear import auto_dense_dtype
     t, cases = case
     N, K, w, raw, deq = cases[0]
@@ -136,7 +137,7 @@ def test_auto_long_matmul_is_bf16_where_native_else_the_int8_gemv(case):
     got = lin.matmul(x, dense_dtype="auto")
     if auto_dense_dtype() == "bfloat16":
         np.testing.assert_array_equal(got, lin.matmul(x, dense_dtype="bfloat16"))
-    elif lin.fmt.int8_activations:
+    elif lin.fmt.gemv_prefill:
         np.testing.assert_array_equal(got, lin.matmul(x, batch_invariant=True))
     else:
         np.testing.assert_array_equal(got, lin.matmul(x, dense_dtype="float32"))
