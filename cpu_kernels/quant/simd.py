@@ -347,34 +347,28 @@ def _vpdpbusd(builder, acc, a, b):
     return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", _V8, [acc, builder.bitcast(a, _V8), builder.bitcast(b, _V8)])
 
 
-@intrinsic
-def dpbusd(typingctx, acc, a, b):
-    """i32x8 acc + dot products of 4-byte groups: unsigned bytes a x signed bytes b (u8x32 each)."""
-    if not (acc == i32x8 and a == u8x32 and b == u8x32):
-        return None
+def _dot(avx2_lowering, doc: str):
+    """An i32x8 dot intrinsic: vpdpbusd with VNNI, avx2_lowering on AVX2, generic IR elsewhere."""
+    @intrinsic
+    def dot(typingctx, acc, a, b):
+        if not (acc == i32x8 and a == u8x32 and b == u8x32):
+            return None
 
-    def codegen(context, builder, sig, args):
-        if HAS_VNNI:
-            return _vpdpbusd(builder, *args)
-        if HAS_AVX2:
-            return _dpbusd_avx2(builder, *args)
-        return _dpbusd_generic(builder, *args, 8)
-    return i32x8(acc, a, b), codegen
+        def codegen(context, builder, sig, args):
+            if HAS_VNNI:
+                return _vpdpbusd(builder, *args)
+            if HAS_AVX2:
+                return avx2_lowering(builder, *args)
+            return _dpbusd_generic(builder, *args, 8)
+        return i32x8(acc, a, b), codegen
+    dot.__doc__ = doc
+    return dot
 
 
-@intrinsic
-def dpbusd7(typingctx, acc, a, b):
-    """dpbusd for weights below 128 in every byte of a (4-, 5- and 6-bit quants): on AVX2 two instructions, not five."""
-    if not (acc == i32x8 and a == u8x32 and b == u8x32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        if HAS_VNNI:
-            return _vpdpbusd(builder, *args)
-        if HAS_AVX2:
-            return _dpbusd_avx2_small(builder, *args)
-        return _dpbusd_generic(builder, *args, 8)
-    return i32x8(acc, a, b), codegen
+dpbusd = _dot(_dpbusd_avx2, "i32x8 acc + dot products of 4-byte groups: unsigned bytes a x signed bytes b "
+                            "(u8x32 each).")
+dpbusd7 = _dot(_dpbusd_avx2_small, "dpbusd for weights below 128 in every byte of a (4-, 5- and 6-bit quants): on AVX2 "
+                                   "two instructions, not five.")
 
 
 # Short accumulators: on AVX2 a run of dots of small weights sums vpmaddubsw's 16-bit pairs with vpaddw and widens
@@ -436,20 +430,9 @@ def _dpbusd_avx2_q8(builder, acc, a, b):
     return builder.add(acc, _x86(builder, "llvm.x86.avx2.pmadd.wd", _V8, [pairs, ir.Constant(_V16W, [1] * 16)]))
 
 
-@intrinsic
-def dpbusd_q8(typingctx, acc, a, b):
-    """Q8_0's dot: acc + quad sums of (a - 128 + Q8_OFFSET) x b for stored weights a (value + 128) and int8
-    activations b in -127..127: plain dpbusd where Q8_OFFSET is 128, the signed dot on AVX2."""
-    if not (acc == i32x8 and a == u8x32 and b == u8x32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        if HAS_VNNI:
-            return _vpdpbusd(builder, *args)
-        if HAS_AVX2:
-            return _dpbusd_avx2_q8(builder, *args)
-        return _dpbusd_generic(builder, *args, 8)
-    return i32x8(acc, a, b), codegen
+dpbusd_q8 = _dot(_dpbusd_avx2_q8, "Q8_0's dot: acc + quad sums of (a - 128 + Q8_OFFSET) x b for stored weights a "
+                                  "(value + 128) and int8 activations b in -127..127: plain dpbusd where Q8_OFFSET "
+                                  "is 128, the signed dot on AVX2.")
 
 
 # Bytes ahead that the GEMVs ask the memory system for: the hardware prefetcher alone streamed the 262144 x 640
