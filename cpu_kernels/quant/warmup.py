@@ -6,14 +6,24 @@ import time
 import numpy as np
 
 
-def warmup(verbose: bool = False, types=None) -> float:
+def native_bf16() -> bool:
+    """Whether the CPU multiplies bf16 natively (then long prompts dequantize tiles to bf16 bits), judged from its
+    feature flags: asking torch, as linear.auto_dense_dtype does, would import it."""
+    from .simd import HOST_FEATURES
+    return "avx512bf16" in HOST_FEATURES or "amx-bf16" in HOST_FEATURES
+
+
+def warmup(verbose: bool = False, types=None, bf16=None) -> float:
     """Run each format's repack, gemv and dequantize once with the dtypes and layouts QuantLinear passes.
 
     types: the ggml types to warm (default: every registered format).
+    bf16: also dequantize to bf16 bits, as the bfloat16 prefill path does (default: where it is native).
     Returns the seconds it took (first process: compiles; later ones: cache loads)."""
     from .linear import QuantLinear
     from .quantize import quantize
     from .registry import FORMATS
+
+    bf16 = native_bf16() if bf16 is None else bf16
 
     t0 = time.perf_counter()
     for t, fmt in FORMATS.items():
@@ -26,6 +36,8 @@ def warmup(verbose: bool = False, types=None) -> float:
         lin = QuantLinear.from_raw(t, raw, (2, K))
         lin.matmul(np.ones((1, K), np.float32))
         lin.embed(np.zeros(1, np.int64))
+        if bf16:
+            lin.fmt.dequant(*lin.packed, np.zeros(1, np.int64), np.empty((1, K), np.uint16))
         if verbose:
             print(f"warmup {t.name}: {time.perf_counter() - t1:.2f} s")
     return time.perf_counter() - t0

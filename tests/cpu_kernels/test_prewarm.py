@@ -1,5 +1,6 @@
 """Cold-cache prewarm (cpu_kernels/prewarm.py): the helper process leaves its marker, and the tiny-shape
-warm-ups compile exactly the signatures the engine then uses (else the split would compile twice)."""
+warm-ups compile exactly the signatures the engine then uses (else the split would compile twice), the bfloat16
+prefill path's (the default where bf16 is native) included."""
 import os
 import shutil
 import subprocess
@@ -21,11 +22,11 @@ def signatures():
             for n, d in vars(mod).items() if isinstance(d, Dispatcher) for s in d.signatures}
 
 ws = open_weights(EngineArgs().resolved_model())
-warm_formats(types={ws.info(n).ggml_type for n in ws.names() if len(ws.info(n).shape) == 2})
+warm_formats(types={ws.info(n).ggml_type for n in ws.names() if len(ws.info(n).shape) == 2}, bf16=True)
 warm_kernels(kv_dtypes=(np.float16,))
 before = signatures()
 from engine import LLM, SamplingParams
-llm = LLM(max_model_len=512, kv_cache_memory=0.25)
+llm = LLM(max_model_len=512, kv_cache_memory=0.25, prefill_dtype="bfloat16")  # its tiles: the bf16 dequantizers
 llm.generate(["The capital of France is", "word " * 40], SamplingParams(max_tokens=3, temperature=0))
 new = sorted(signatures() - before)
 print(len(before), new)
