@@ -21,9 +21,10 @@ import numpy as np
 from numba import njit, prange
 
 from .q8act import quantize_act
-from .simd import (CACHE, PREFETCH_AHEAD, Q8_OFFSET, acc_i32, bits_to_bytes, concat, dpbusd_acc, dpbusd_q8, f16_to_f32,
-                   i8_to_f32, lane, load_bcast4, load_f16x8, load_strided4, load_strided4x4, load_u8x32, muladd,
-                   prefetch, splat_i32, store, to_f32, vadd, vand, vmul, vor, vshl, vshr, vsub, zero_acc, zero_f32x8)
+from .dot import Q8_OFFSET, acc_i32, dpbusd_acc, dpbusd_q8, zero_acc
+from .simd import (CACHE, PREFETCH_AHEAD, bits_to_bytes, concat, f16_to_f32, i8_to_f32, lane, load_bcast4, load_f16x8,
+                   load_strided4, load_strided4x4, load_u8x32, muladd, prefetch, splat_i32, store, to_f32, vadd, vand,
+                   vmul, vor, vshl, vshr, vsub, zero_f32x8)
 
 
 @njit(cache=CACHE)
@@ -188,7 +189,7 @@ def gemv_q5_0(qs, qh, d, x, out):
             for b in range(nb):
                 if m == 0:
                     prefetch_q5(qs, qh, d, g, nb, b)
-                # Short accumulators: 4 dots of 5-bit weights each (simd.ACC_TYPE).
+                # Short accumulators: 4 dots of 5-bit weights each (dot.ACC_TYPE).
                 i0, i1, i2, i3 = zero_acc(), zero_acc(), zero_acc(), zero_acc()
                 h0, h1, h2, h3 = zero_acc(), zero_acc(), zero_acc(), zero_acc()
                 x0 = m0 * K + b * 32

@@ -11,8 +11,9 @@ import numpy as np
 from numba import njit, prange
 
 from .q8act import quantize_act
-from .simd import (CACHE, bcast, dpbusd7, hsum, load_f32x8, load_u8x32, load_u8x8, muladd, store, to_f32, u8_to_f32,
-                   vand, vmul, vor, vshl, vshr, vsub, zero_f32x8, zero_i32x8)
+from .dot import dpbusd7
+from .simd import (CACHE, bcast, hsum, load_f32x8, load_u8x32, load_u8x8, muladd, store, to_f32, u8_to_f32, vand, vmul,
+                   vor, vshl, vshr, vsub, zero_f32x8, zero_i32x8)
 
 
 # Q5_K ------------------------------------------------------------------------------------

@@ -17,9 +17,10 @@ from numba import njit, prange
 from .k_bytes import store_rows, store_rows4
 from .k_kquants import q6k_group
 from .q8act import quantize_act
-from .simd import (CACHE, PREFETCH_AHEAD, acc_i32, dpbusd7, dpbusd_acc, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8,
-                   load_strided4, load_u8x8, load_u8x32, muladd, pair16, prefetch, splat_i32, store, to_f32, u8_to_f32,
-                   vadd, vand, vmul, vshr, vsub, zero_acc, zero_f32x8)
+from .dot import acc_i32, dpbusd7, dpbusd_acc, zero_acc
+from .simd import (CACHE, PREFETCH_AHEAD, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_strided4, load_u8x8,
+                   load_u8x32, muladd, pair16, prefetch, splat_i32, store, to_f32, u8_to_f32, vadd, vand, vmul, vshr,
+                   vsub, zero_f32x8)
 
 
 @njit(cache=CACHE)
@@ -86,7 +87,7 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
                     if m == 0:
                         prefetch_chunk(qs, sc, mn, d, dmin, o, (g * ns + s) * 64 + c * 16)
                     xo = m0 * K + s * 256 + 64 * c
-                    # Short accumulators: 8 dots of 4-bit weights each (simd.ACC_TYPE).
+                    # Short accumulators: 8 dots of 4-bit weights each (dot.ACC_TYPE).
                     i0, i1, i2, i3 = zero_acc(), zero_acc(), zero_acc(), zero_acc()
                     h0, h1, h2, h3 = zero_acc(), zero_acc(), zero_acc(), zero_acc()
                     for k in range(8):

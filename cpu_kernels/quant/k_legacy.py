@@ -12,9 +12,10 @@ from __future__ import annotations
 from numba import njit, prange
 
 from .q8act import quantize_act
-from .simd import (CACHE, bcast, bits_to_bytes, concat, dpbusd, f16_to_f32, hsum, i8_to_f32, load_f16x8, load_f32x8,
-                   load_i32x8, load_u8x16, load_u8x32, muladd, store, to_f32, u8_to_f32, vadd, vand, vmul,
-                   vor, vshl, vshr, vsub, zero_f32x8, zero_i32x8)
+from .dot import dpbusd
+from .simd import (CACHE, bcast, bits_to_bytes, concat, f16_to_f32, hsum, i8_to_f32, load_f16x8, load_f32x8, load_i32x8,
+                   load_u8x16, load_u8x32, muladd, store, to_f32, u8_to_f32, vadd, vand, vmul, vor, vshl, vshr, vsub,
+                   zero_f32x8, zero_i32x8)
 
 
 @njit(cache=CACHE)

@@ -226,26 +226,26 @@ _DPBUSD_CHECK = """
 import sys
 import numpy as np
 from numba import njit
-from cpu_kernels.quant import simd
+from cpu_kernels.quant import dot, simd
 
 @njit
 def dots(acc, a, b, out, kind):
     for i in range(a.shape[0] // 32):
         acc_i, a_i, b_i = simd.load_i32x8(acc, 8 * i), simd.load_u8x32(a, 32 * i), simd.load_u8x32(b, 32 * i)
         if kind == 0:
-            v = simd.dpbusd(acc_i, a_i, b_i)
+            v = dot.dpbusd(acc_i, a_i, b_i)
         elif kind == 1:
-            v = simd.dpbusd7(acc_i, a_i, b_i)
+            v = dot.dpbusd7(acc_i, a_i, b_i)
         else:
-            v = simd.dpbusd_q8(acc_i, a_i, b_i)
+            v = dot.dpbusd_q8(acc_i, a_i, b_i)
         simd.store(out, 8 * i, simd.to_f32(v))
 
 @njit
 def run_of(a, b, n, out):
-    acc = simd.zero_acc()
+    acc = dot.zero_acc()
     for _ in range(n):
-        acc = simd.dpbusd_acc(acc, simd.load_u8x32(a, 0), simd.load_u8x32(b, 0))
-    simd.store(out, 0, simd.to_f32(simd.acc_i32(acc)))
+        acc = dot.dpbusd_acc(acc, simd.load_u8x32(a, 0), simd.load_u8x32(b, 0))
+    simd.store(out, 0, simd.to_f32(dot.acc_i32(acc)))
 
 def inputs():
     rng = np.random.default_rng(0)
@@ -266,7 +266,7 @@ def run():
     return np.concatenate([out, runs])
 
 if __name__ == "__main__":
-    sys.stdout.write(f"{simd.HAS_VNNI} {simd.HAS_AVX2} {simd.Q8_OFFSET} " + run().tobytes().hex())
+    sys.stdout.write(f"{simd.HAS_VNNI} {simd.HAS_AVX2} {dot.Q8_OFFSET} " + run().tobytes().hex())
 """
 
 
@@ -284,7 +284,7 @@ def test_dpbusd_every_instruction_set_agrees_with_numpy():
     """dpbusd, dpbusd7 and dpbusd_q8 give exactly vpdpbusd's sums (dpbusd_q8: less 128 - Q8_OFFSET per weight),
     and short accumulators hold their longest runs at the extremes, on this host's path, on the AVX2 path (when
     the host has AVX2) and on the generic-IR path."""
-    from cpu_kernels.quant import simd
+    from cpu_kernels.quant import dot, simd
     scope = {}
     exec(_DPBUSD_CHECK.split('if __name__')[0], scope)  # the same kernel, compiled here for this host
     acc, a, b = scope["inputs"]()
@@ -296,7 +296,7 @@ def test_dpbusd_every_instruction_set_agrees_with_numpy():
                                acc + dot(a.astype(np.int64) - 128 + q8_offset, b_q8),
                                np.full(8, 8 * 4 * 15 * -128), np.full(8, 4 * 4 * 31 * -128)]).astype(np.float32)
 
-    np.testing.assert_array_equal(scope["run"](), want(simd.Q8_OFFSET))
+    np.testing.assert_array_equal(scope["run"](), want(dot.Q8_OFFSET))
     vnni, avx2, offset, generic = _dpbusd("generic")
     assert not vnni and not avx2 and offset == 128
     np.testing.assert_array_equal(generic, want(128))
