@@ -30,7 +30,7 @@ def instrument() -> None:
     from cpu_kernels import activations, attention, norms, rope
     from cpu_kernels.quant.linear import QuantLinear
     from engine import sampler
-    for mod, names in ((norms, ["rms_norm"]), (rope, ["apply_rope"]), (attention, ["write_kv", "paged_attention"]),
+    for mod, names in ((norms, ["rms_norm"]), (rope, ["rope_cos_sin", "rotate"]), (attention, ["write_kv", "paged_attention"]),
                        (activations, ["silu_mul", "gelu_tanh_mul", "softcap"])):
         for n in names:
             setattr(mod, n, _timed(n, getattr(mod, n)))

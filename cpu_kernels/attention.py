@@ -29,6 +29,7 @@ from cpu_kernels.vec16 import _vhsum, _vload, _vmuladd, _vstore, _vzero
 _JIT = dict(cache=True, error_model="numpy")
 _F0 = np.float32(0.0)
 _NEG_INF = np.float32(-np.inf)
+TILE_VECS = 8  # query vectors (rows x heads of a group) per tile: each K/V block is converted once per tile
 
 
 # ---------------------------------------------------------------- write_kv
@@ -284,7 +285,7 @@ def _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_table
         nsplit = min(G, (nthreads + T * Hkv - 1) // (T * Hkv))
     hc = (G + nsplit - 1) // nsplit
     nsplit = (G + hc - 1) // hc
-    R = max(1, 8 // hc)
+    R = max(1, TILE_VECS // hc)
     n_items = 0
     for s in range(S):
         n_items += (query_start_loc[s + 1] - query_start_loc[s] + R - 1) // R * Hkv * nsplit

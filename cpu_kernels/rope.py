@@ -95,38 +95,74 @@ def _yarn(pos_freqs: np.ndarray, dim: int, base: float, sc: RopeScaling) -> np.n
 
 
 @njit(cache=True, error_model="numpy")
-def _rope_rows(x, positions, inv_freq, mscale32, neox, t0, t1):
-    H, D = x.shape[1], x.shape[2]
-    half = inv_freq.shape[0]  # rotates the first 2 * half dims (partial rotary); the rest pass through
-    cos = np.empty(half, np.float32)
-    sin = np.empty(half, np.float32)
+def _cos_sin_rows(positions, inv_freq, mscale32, cos, sin, t0, t1):
     for t in range(t0, t1):
         pos = np.float32(positions[t])
-        for i in range(half):
+        for i in range(inv_freq.shape[0]):
             ang = np.float64(pos * inv_freq[i])  # the float32 product, as HF
-            cos[i] = np.float32(np.cos(ang)) * mscale32
-            sin[i] = np.float32(np.sin(ang)) * mscale32
+            cos[t, i] = np.float32(np.cos(ang)) * mscale32
+            sin[t, i] = np.float32(np.sin(ang)) * mscale32
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _cos_sin_par(positions, inv_freq, mscale32, cos, sin):
+    T = positions.shape[0]
+    nchunks = min(T, 64)
+    for c in prange(nchunks):
+        _cos_sin_rows(positions, inv_freq, mscale32, cos, sin, c * T // nchunks, (c + 1) * T // nchunks)
+
+
+@njit(cache=True, error_model="numpy")
+def rope_cos_sin(positions, inv_freq, mscale):
+    """cos and sin f32 (T, R/2) of angle = float32(pos) * inv_freq, times mscale: one step's table, shared by every
+    layer with this RoPE base (the float64 cos/sin cost far more than the rotation itself)."""
+    T, half = positions.shape[0], inv_freq.shape[0]
+    cos = np.empty((T, half), np.float32)
+    sin = np.empty((T, half), np.float32)
+    if T >= _PAR_MIN_ROWS:
+        _cos_sin_par(positions, inv_freq, np.float32(mscale), cos, sin)
+    else:
+        _cos_sin_rows(positions, inv_freq, np.float32(mscale), cos, sin, 0, T)
+    return cos, sin
+
+
+@njit(cache=True, error_model="numpy")
+def _rotate_rows(x, cos, sin, neox, t0, t1):
+    H = x.shape[1]
+    half = cos.shape[1]  # rotates the first 2 * half dims (partial rotary); the rest pass through
+    for t in range(t0, t1):
         for h in range(H):
             if neox:  # pairs (i, i + half): HF rotate_half
                 for i in range(half):
                     a = x[t, h, i]
                     b = x[t, h, i + half]
-                    x[t, h, i] = a * cos[i] - b * sin[i]
-                    x[t, h, i + half] = b * cos[i] + a * sin[i]
+                    x[t, h, i] = a * cos[t, i] - b * sin[t, i]
+                    x[t, h, i + half] = b * cos[t, i] + a * sin[t, i]
             else:  # pairs (2i, 2i + 1): GPT-J / llama.cpp "normal"
                 for i in range(half):
                     a = x[t, h, 2 * i]
                     b = x[t, h, 2 * i + 1]
-                    x[t, h, 2 * i] = a * cos[i] - b * sin[i]
-                    x[t, h, 2 * i + 1] = b * cos[i] + a * sin[i]
+                    x[t, h, 2 * i] = a * cos[t, i] - b * sin[t, i]
+                    x[t, h, 2 * i + 1] = b * cos[t, i] + a * sin[t, i]
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
-def _rope_par(x, positions, inv_freq, mscale32, neox):
+def _rotate_par(x, cos, sin, neox):
     T = x.shape[0]
     nchunks = min(T, 64)
     for c in prange(nchunks):
-        _rope_rows(x, positions, inv_freq, mscale32, neox, c * T // nchunks, (c + 1) * T // nchunks)
+        _rotate_rows(x, cos, sin, neox, c * T // nchunks, (c + 1) * T // nchunks)
+
+
+@njit(cache=True, error_model="numpy")
+def rotate(x, cos, sin, neox):
+    """Rotates x f32 (T, H, D) in place by a rope_cos_sin table (T, R/2), R <= D; neox as apply_rope."""
+    if x.shape[0] != cos.shape[0] or 2 * cos.shape[1] > x.shape[2]:
+        raise ValueError("rotate: the cos/sin table does not match x")
+    if x.shape[0] >= _PAR_MIN_ROWS:
+        _rotate_par(x, cos, sin, neox)
+    else:
+        _rotate_rows(x, cos, sin, neox, 0, x.shape[0])
 
 
 @njit(cache=True, error_model="numpy")
@@ -138,8 +174,5 @@ def apply_rope(x, positions, inv_freq, mscale, neox):
         (R < D: only the first R dims rotate). mscale: cos/sin multiplier. neox: True pairs (i, i + R/2)
         (HF rotate_half; qwen2/3, gemma3), False pairs (2i, 2i + 1) (llama on GGUF-permuted weights).
     """
-    m32 = np.float32(mscale)
-    if x.shape[0] >= _PAR_MIN_ROWS:
-        _rope_par(x, positions, inv_freq, m32, neox)
-    else:
-        _rope_rows(x, positions, inv_freq, m32, neox, 0, x.shape[0])
+    cos, sin = rope_cos_sin(positions, inv_freq, mscale)
+    rotate(x, cos, sin, neox)

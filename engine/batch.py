@@ -40,3 +40,8 @@ class BatchMetadata:
     def max_seq_len(self) -> int:
         """The longest context (every attention layer sizes its work by it: computed once per step)."""
         return int(self.seq_lens.max()) if self.seq_lens.size else 0
+
+    @cached_property
+    def step_cache(self) -> dict:
+        """Values every layer of this step shares (the RoPE cos/sin tables), computed by the first to ask."""
+        return {}

@@ -196,8 +196,9 @@ class Attention:
             q, k = self.q_norm(q), self.k_norm(k)
         k_cache, v_cache = kv
         with small_on_one_thread(q):
-            rope.apply_rope(q, meta.positions, self.inv_freq, self.mscale, self.neox)
-            rope.apply_rope(k, meta.positions, self.inv_freq, self.mscale, self.neox)
+            cos, sin = rope_table(meta, self.inv_freq, self.mscale)
+            rope.rotate(q, cos, sin, self.neox)
+            rope.rotate(k, cos, sin, self.neox)
             attention.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         # Work ~ query rows x context x heads x head_dim (a decode over a short context is tiny).
         work = t * meta.max_seq_len * self.num_heads * self.head_dim
@@ -220,8 +221,17 @@ class GatedMLP:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         g, u = self.gate_up(x)
         with small_on_one_thread(g):
-            h = self.act(np.ascontiguousarray(g), np.ascontiguousarray(u))
+            h = self.act(g, u)  # column halves of one stacked output are read in place
         return self.down(h)
+
+
+def rope_table(meta: BatchMetadata, inv_freq: np.ndarray, mscale: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin of the step's positions for one RoPE base: computed by the first layer, shared by the rest."""
+    key = ("rope", id(inv_freq), mscale)
+    table = meta.step_cache.get(key)
+    if table is None:
+        table = meta.step_cache[key] = rope.rope_cos_sin(meta.positions, inv_freq, mscale)
+    return table
 
 
 def rope_tables(cfg: ModelConfig, theta: float, ws=None) -> tuple[np.ndarray, float]:
