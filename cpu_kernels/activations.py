@@ -167,37 +167,43 @@ def _gelu_tanh_mul(a, ga, b, ub, F):
     return out
 
 
-def _columns_of(x: np.ndarray) -> tuple[np.ndarray, int]:
-    """(C-contiguous float32 2-D array, first column) of which x is the column slice: the view itself when
-    x is a column block of a C array (gate/up halves of one stacked matmul output), else a contiguous copy."""
-    if x.dtype == np.float32 and x.ndim == 2 and x.flags.c_contiguous:
-        return x, 0
-    base = x.base
-    if (x.dtype == np.float32 and x.ndim == 2 and isinstance(base, np.ndarray) and base.dtype == np.float32
-            and base.ndim == 2 and base.flags.c_contiguous and base.shape[0] == x.shape[0]
-            and x.strides == base.strides):
-        off, rem = divmod(x.__array_interface__["data"][0] - base.__array_interface__["data"][0], 4)
-        if rem == 0 and 0 <= off and off + x.shape[1] <= base.shape[1]:
-            return base, off
-    return np.ascontiguousarray(x, dtype=np.float32), 0
-
-
-def _gated(kernel, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+def _pair(gate: np.ndarray, up: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if gate.ndim != 2 or gate.shape != up.shape:
         raise ValueError(f"gate {gate.shape} and up {up.shape} must be the same (T, F)")
-    (a, ga), (b, ub) = _columns_of(gate), _columns_of(up)
-    return kernel(a, ga, b, ub, gate.shape[1])
+    return np.ascontiguousarray(gate, dtype=np.float32), np.ascontiguousarray(up, dtype=np.float32)
+
+
+def _halves(y: np.ndarray) -> np.ndarray:
+    if y.ndim != 2 or y.shape[1] % 2:
+        raise ValueError(f"expected (T, 2F) gate|up columns, got {y.shape}")
+    return np.ascontiguousarray(y, dtype=np.float32)
 
 
 def silu_mul(gate, up):
-    """silu(gate) * up. gate, up f32 (T, F) (any strides; column blocks of one array are read in place)
-    -> new f32 (T, F) C-contiguous."""
-    return _gated(_silu_mul, gate, up)
+    """silu(gate) * up. gate, up f32 (T, F) (any strides) -> new f32 (T, F) C-contiguous."""
+    g, u = _pair(gate, up)
+    return _silu_mul(g, 0, u, 0, g.shape[1])
 
 
 def gelu_tanh_mul(gate, up):
-    """gelu_tanh(gate) * up (HF 'gelu_pytorch_tanh'). gate, up f32 (T, F) as silu_mul -> new f32 (T, F)."""
-    return _gated(_gelu_tanh_mul, gate, up)
+    """gelu_tanh(gate) * up (HF 'gelu_pytorch_tanh'). gate, up f32 (T, F) -> new f32 (T, F)."""
+    g, u = _pair(gate, up)
+    return _gelu_tanh_mul(g, 0, u, 0, g.shape[1])
+
+
+def silu_mul_halves(y):
+    """silu_mul of the two column halves of y (T, 2F) (one stacked gate|up matmul output), read in place."""
+    y = _halves(y)
+    return _silu_mul(y, 0, y, y.shape[1] // 2, y.shape[1] // 2)
+
+
+def gelu_tanh_mul_halves(y):
+    """gelu_tanh_mul of the two column halves of y (T, 2F), read in place."""
+    y = _halves(y)
+    return _gelu_tanh_mul(y, 0, y, y.shape[1] // 2, y.shape[1] // 2)
+
+
+HALVES = {silu_mul: silu_mul_halves, gelu_tanh_mul: gelu_tanh_mul_halves}
 
 
 @njit(cache=True, error_model="numpy")

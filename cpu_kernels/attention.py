@@ -45,10 +45,12 @@ def _write_kv(k, v, k_cache, v_cache, slot_mapping):
             raise ValueError("write_kv: slot outside the cache")
         blk, off = slot // BS, slot % BS
         for h in range(Hkv):
+            # Row slices: indices from range(D) need no wraparound checks, so the conversion vectorizes.
+            kr, vr, kd, vd = k[t, h], v[t, h], k_cache[blk, off, h], v_cache[blk, off, h]
             for d in range(D):
-                k_cache[blk, off, h, d] = _encode(k[t, h, d], k_cache)
+                kd[d] = _encode(kr[d], k_cache)
             for d in range(D):
-                v_cache[blk, off, h, d] = _encode(v[t, h, d], v_cache)
+                vd[d] = _encode(vr[d], v_cache)
 
 
 def _kernel_view(cache: np.ndarray) -> np.ndarray:

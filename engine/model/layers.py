@@ -132,6 +132,18 @@ class Projections:
                 lo = hi
             self.groups.append((fused, spans))
 
+    def stacked(self, x: np.ndarray) -> np.ndarray | None:
+        """The parts' outputs side by side in one (T, sum N) array when they run as one matmul and are equally
+        wide (the gated activations read the halves in place); None otherwise."""
+        if len(self.groups) != 1 or any(getattr(self.owner, n) is not p for n, p in zip(self.names, self.parts)):
+            return None
+        lin, spans = self.groups[0]
+        if [i for i, _, _ in spans] != list(range(len(self.parts))) or len(spans) < 2:
+            return None
+        if len({hi - lo for _, lo, hi in spans}) != 1:  # halves must be equal for the gated activations
+            return None
+        return lin(x)
+
     def __call__(self, x: np.ndarray) -> list[np.ndarray]:
         if any(getattr(self.owner, n) is not p for n, p in zip(self.names, self.parts)):
             return [getattr(self.owner, n)(x) for n in self.names]  # a part was replaced (offload override)
@@ -219,9 +231,14 @@ class GatedMLP:
         self.gate_up = Projections(self, ("gate", "up"))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        g, u = self.gate_up(x)
-        with small_on_one_thread(g):
-            h = self.act(g, u)  # column halves of one stacked output are read in place
+        y = self.gate_up.stacked(x)
+        if y is not None:  # gate|up in one matmul output: the activation reads its halves in place
+            with small_on_one_thread(y):
+                h = activations.HALVES[self.act](y)
+        else:
+            g, u = self.gate_up(x)
+            with small_on_one_thread(g):
+                h = self.act(g, u)
         return self.down(h)
 
 
