@@ -18,12 +18,12 @@ sequence).
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import njit, prange
 
 from cpu_kernels.activations import exp_f32, tanh_f32
 from cpu_kernels.f16 import _encode, _load_f32
+from cpu_kernels.quant.threads import num_threads
 from cpu_kernels.vec16 import _vhsum, _vload, _vmuladd, _vstore, _vzero
 
 _JIT = dict(cache=True, error_model="numpy")
@@ -358,4 +358,4 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
     """
     return _paged_attention(q, _kernel_view(k_cache), _kernel_view(v_cache), query_start_loc, seq_lens,
                             block_tables, float(scale), int(sliding_window), float(softcap),
-                            numba.get_num_threads())
+                            num_threads())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-_PAR_MIN_ROWS = 16  # below this a parallel launch costs more than it saves
+PAR_MIN_ROWS = 16  # below this a parallel launch costs more than it saves (and rms_norm runs serially)
 _F1 = np.float32(1.0)
 
 
@@ -62,7 +62,7 @@ def rms_norm(x, w, eps, unit_offset=False):
     else:
         ww = w.astype(np.float32)
     eps32 = np.float32(eps)
-    if T >= _PAR_MIN_ROWS:
+    if T >= PAR_MIN_ROWS:
         _rms_par(x, ww, eps32, out)
     else:
         _rms_rows(x, ww, eps32, out, 0, T)

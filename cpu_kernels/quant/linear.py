@@ -114,6 +114,11 @@ class QuantLinear:
         (the M = 1 kernel runs for each row); otherwise large M takes the faster dense path.
         dense_dtype: the dense path's precision, one of DENSE_DTYPES.
         """
+        if (out is None and type(x) is np.ndarray and x.ndim == 2 and x.dtype == np.float32 and x.shape[1] == self.K
+                and 0 < x.shape[0] and (batch_invariant or x.shape[0] <= GEMV_MAX_M) and x.flags.c_contiguous):
+            y = np.empty((x.shape[0], self.N), np.float32)  # the decode path, without the general case's steps
+            self.fmt.gemv(*self.packed, x, y)
+            return y
         x = np.asarray(x)
         squeeze = x.ndim == 1
         if x.ndim not in (1, 2) or x.shape[-1] != self.K:

@@ -76,6 +76,11 @@ class serial_if:
 _RAW = None
 
 
+def num_threads() -> int:
+    """Numba's current thread count through the raw getter (the public one costs a few us per call)."""
+    return _raw_setters()[0]()
+
+
 def _raw_setters():
     global _RAW
     if _RAW is None:

@@ -74,7 +74,9 @@ class Linear:
 
     def __call__(self, x: np.ndarray, per_row: bool = False) -> np.ndarray:
         """per_row: every row runs the M = 1 kernel (rows of different sequences, e.g. sampled rows)."""
-        with serial_if(self.weight.nbytes * x.shape[0] < serial_work()):
+        if self.weight.nbytes * x.shape[0] >= serial_work():
+            return self._matmul(x, per_row)  # the common case: no thread-count switch to enter
+        with serial_if(True):
             return self._matmul(x, per_row)
 
     def _matmul(self, x: np.ndarray, per_row: bool) -> np.ndarray:
@@ -168,6 +170,8 @@ class RMSNorm:
         self.eps = float(eps)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.ndim == 2 and x.shape[0] < norms.PAR_MIN_ROWS:  # runs serially anyway: no thread switch needed
+            return norms.rms_norm(x, self.weight, self.eps)
         with small_on_one_thread(x):
             if x.ndim == 2:
                 return norms.rms_norm(x, self.weight, self.eps)
