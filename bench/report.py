@@ -47,7 +47,7 @@ def rows(results: dict[str, dict]) -> list[str]:
                 parts.append(f"{k} {v:.2f}")
             elif isinstance(v, int):
                 parts.append(f"{k} {v}")
-        model = os.path.basename(str(d.get("model") or "gemma-3-270m-q4_k_m.gguf"))
+        model = "-" if d.get("bench") == "peak" else os.path.basename(str(d.get("model") or "gemma-3-270m-q4_k_m.gguf"))
         out.append(f"| {d.get('bench')} | {model} | {result_isa(d)} | {'; '.join(parts)} | {d.get('git', '')} "
                    f"| {d.get('time', '')} |")
     return out

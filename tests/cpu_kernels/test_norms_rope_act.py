@@ -136,6 +136,26 @@ def test_apply_rope_neox_matches_hf(T, H, D, scale):
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("T", [3, 40])  # 40: the parallel paths
+@pytest.mark.parametrize("neox", [True, False])
+def test_shared_cos_sin_table_rotates_as_apply_rope(T, neox):
+    inv_freq, _ = rope.rope_inv_freq(64, 10000.0, RopeScaling())
+    positions = np.arange(100, 100 + T, dtype=np.int64)
+    x = _randn(T, 3, 64, scale=2.0)
+    ref = x.copy()
+    rope.apply_rope(ref, positions, inv_freq, 0.9, neox)
+    cos, sin = rope.rope_cos_sin(positions, inv_freq, 0.9)
+    assert cos.shape == (T, 32)
+    got = x.copy()
+    for lo, hi in ((0, 2), (2, 3)):  # q and k heads of one step share the table
+        part = np.ascontiguousarray(got[:, lo:hi])
+        rope.rotate(part, cos, sin, neox)
+        got[:, lo:hi] = part
+    assert np.array_equal(got, ref)
+    with pytest.raises(ValueError):
+        rope.rotate(x[:2].copy(), cos, sin, neox)
+
+
 def test_apply_rope_normal_pairs_is_permuted_neox():
     T, H, D = 6, 2, 64
     x = _randn(T, H, D)
@@ -200,6 +220,16 @@ def test_gelu_tanh_mul_matches_torch(T, F):
     ref = (torch.nn.functional.gelu(g, approximate="tanh") * torch.from_numpy(up.copy())).numpy()
     # torch's 1 + tanh(u) cancels for gate << 0, so part of the gap is torch's own rounding.
     np.testing.assert_allclose(activations.gelu_tanh_mul(gate, up), ref, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("T,F", [(1, 640), (20, 3000)])
+def test_halves_read_the_stacked_output_as_the_pair(T, F):
+    gate, up = _gate_up(T, F, 3.0)
+    stacked = gate.base  # the (T, 2F) gate|up array the views come from
+    assert np.array_equal(activations.gelu_tanh_mul_halves(stacked), activations.gelu_tanh_mul(gate, up))
+    assert np.array_equal(activations.silu_mul_halves(stacked), activations.silu_mul(gate, up))
+    with pytest.raises(ValueError):
+        activations.silu_mul_halves(stacked[:, :-1])
 
 
 @pytest.mark.parametrize("shape", [(3, 1000), (2, 40000)])
