@@ -183,18 +183,25 @@ def gemv_q5_0(qs, qh, d, x, out):
                     acc = muladd(acc, to_f32(iv), vmul(load_f16x8(d, (g * nb + b) * 8), xd[m, b]))
                 store_rows(out, m, 8 * g, acc)
             continue
+        # The group's 5-bit values unpacked to bytes once (quads k and k + 4 of block b at 256 b + 32 k and
+        # 256 b + 32 (k + 4)); every 4-row pass then reads bytes, not bits (the unpacking was per pass).
+        w8 = np.empty(nb * 256, np.uint8)
+        for b in range(nb):
+            prefetch_q5(qs, qh, d, g, nb, b)
+            for k in range(4):
+                lo, hi = q5_quads(qs, qh, g, nb, b, k)
+                store(w8, b * 256 + 32 * k, lo)
+                store(w8, b * 256 + 32 * k + 128, hi)
         for m in range(0, M, 4):  # as gemv_q8_0
             m0 = min(m, M - 4)
             a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
             for b in range(nb):
-                if m == 0:
-                    prefetch_q5(qs, qh, d, g, nb, b)
                 # Short accumulators: 4 dots of 5-bit weights each (dot.ACC_TYPE).
                 i0, i1, i2, i3 = zero_acc(), zero_acc(), zero_acc(), zero_acc()
                 h0, h1, h2, h3 = zero_acc(), zero_acc(), zero_acc(), zero_acc()
                 x0 = m0 * K + b * 32
                 for k in range(4):
-                    lo, hi = q5_quads(qs, qh, g, nb, b, k)
+                    lo, hi = load_u8x32(w8, b * 256 + 32 * k), load_u8x32(w8, b * 256 + 32 * k + 128)
                     i0 = dpbusd_acc(i0, lo, load_bcast4(xq, x0 + 4 * k))
                     i1 = dpbusd_acc(i1, lo, load_bcast4(xq, x0 + K + 4 * k))
                     i2 = dpbusd_acc(i2, lo, load_bcast4(xq, x0 + 2 * K + 4 * k))

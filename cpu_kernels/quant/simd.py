@@ -328,10 +328,11 @@ def prefetch(typingctx, arr, idx):
 
 @intrinsic
 def store(typingctx, arr, idx, v):
-    """arr.flat[idx:idx + n] = v (f32 lanes): as float32 into a float32 array, or rounded to
-    bfloat16 bits (nearest even, as gguf's BF16 quantizer) into a uint16 array."""
+    """arr.flat[idx:idx + n] = v: f32 lanes as float32 into a float32 array, or rounded to bfloat16 bits (nearest
+    even, as gguf's BF16 quantizer) into a uint16 array; byte lanes (i8 vectors) into a uint8 array."""
     if not (isinstance(arr, types.Array) and isinstance(idx, types.Integer) and isinstance(v, Vec)
-            and v.kind == "f32" and arr.dtype in (types.float32, types.uint16)):
+            and ((v.kind == "f32" and arr.dtype in (types.float32, types.uint16))
+                 or (v.kind == "i8" and arr.dtype == types.uint8))):
         return None
     bf16 = arr.dtype == types.uint16
 
