@@ -215,16 +215,26 @@ def gemv_q6_k(ql, qh, sc, d, x, out):
                             acc = muladd(acc, to_f32(i3), vmul(q6_scale(sc, d, g, ns, s, jl + 6), xd[m, e // 32 + 3]))
                 store_rows(out, m, 8 * g, acc)
             continue
+        # The group's 6-bit values unpacked to bytes once (q6k_group t of quad k of half h of super-block s at
+        # 32 (8 (4 (2 s + h) + t) + k)): the 4-row passes then read bytes instead of combining ql and qh each time.
+        w8 = np.empty(ns * 2048, np.uint8)
+        for s in range(ns):
+            for h in range(2):
+                o = (2 * (g * ns + s) + h) * 512
+                oh = (2 * (g * ns + s) + h) * 256
+                prefetch_half(ql, qh, sc, o, oh, (g * ns + s) * 128)
+                for k in range(8):
+                    a = load_u8x32(ql, o + 64 * k)
+                    b = load_u8x32(ql, o + 64 * k + 32)
+                    hv = load_u8x32(qh, oh + 32 * k)
+                    for t in range(4):
+                        store(w8, 32 * (8 * (4 * (2 * s + h) + t) + k), q6k_group(a, b, hv, t))
         # 4 activation rows per pass, the last pass moved back to end at M (inline: see k_bytes.gemv_q8_0)
         for m in range(0, M, 4):
             m0 = min(m, M - 4)
             a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
             for s in range(ns):
                 for h in range(2):
-                    o = (2 * (g * ns + s) + h) * 512
-                    oh = (2 * (g * ns + s) + h) * 256
-                    if m == 0:
-                        prefetch_half(ql, qh, sc, o, oh, (g * ns + s) * 128)
                     for half in range(2):
                         e = s * 256 + h * 128 + 16 * half
                         j0 = e // 16
@@ -233,9 +243,7 @@ def gemv_q6_k(ql, qh, sc, d, x, out):
                             c0, c1 = splat_i32(o16[m0, j0 + 2 * t]), splat_i32(o16[m0 + 1, j0 + 2 * t])
                             c2, c3 = splat_i32(o16[m0 + 2, j0 + 2 * t]), splat_i32(o16[m0 + 3, j0 + 2 * t])
                             for k in range(4 * half, 4 * half + 4):
-                                a = load_u8x32(ql, o + 64 * k)
-                                b = load_u8x32(ql, o + 64 * k + 32)
-                                v = q6k_group(a, b, load_u8x32(qh, oh + 32 * k), t)
+                                v = load_u8x32(w8, 32 * (8 * (4 * (2 * s + h) + t) + k))
                                 xo = m0 * K + s * 256 + h * 128 + 32 * t + 4 * k
                                 c0 = dpbusd7(c0, v, load_bcast4(xq, xo))
                                 c1 = dpbusd7(c1, v, load_bcast4(xq, xo + K))
