@@ -136,8 +136,10 @@ class QuantLinear:
             if dense_dtype not in DENSE_DTYPES:
                 raise ValueError(f"matmul: dense_dtype must be one of {DENSE_DTYPES}, got {dense_dtype!r}")
             dtype = auto_dense_dtype() if dense_dtype == "auto" else dense_dtype
-            if dense_dtype == "auto" and dtype == "float32" and self.fmt.gemv_prefill:
-                self.fmt.gemv(*self.packed, x2, y)  # no native bf16: this format's GEMV beats float32 GEMM
+            fmt = self.fmt
+            if dense_dtype == "auto" and fmt.gemv_prefill and (
+                    dtype == "float32" or 0 < fmt.gemv_prefill_min_k <= self.K):
+                fmt.gemv(*self.packed, x2, y)  # this format's GEMV beats the GEMM here (QuantFormat.gemv_prefill)
             else:
                 self._matmul_dense(x2, y, dtype)
         if out is not None and not direct:

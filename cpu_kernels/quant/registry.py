@@ -31,7 +31,11 @@ class QuantFormat:
     row_block: rows of W per entry of the packed arrays' first axis (8 where rows are interleaved; the last
         entry may hold fewer real rows).
     gemv_prefill: without native bf16, long prefill chunks run the GEMV rather than float32 GEMM (measured faster
-        on a Zen 3 host at M = 64..512: Q4_K 1.7-3.2x on gemma and 8B shapes, Q5_0 1.1-2.5x; Q6_K 0.7-1.4x, no).
+        on a Zen 3 host at M = 64..512: Q4_K 1.7-3.2x on gemma and 8B shapes, Q5_0 1.1-2.5x; since the GEMVs
+        unpack each row group once, Q6_K and Q8_0 too: 2-2.6x with the AVX2 lowering at M = 128..512).
+    gemv_prefill_min_k: with native bf16 as well, from this K on (0: never): Q4_K on the 8B shapes (K = 4096),
+        VNNI GEMV against oneDNN bf16 at M = 128: 1.2-1.6x, M = 512: 1.2x on the large ones; at gemma's K of
+        640-2048 bf16 stays ahead or level.
     """
     ggml_type: Q
     block_size: int
@@ -44,15 +48,16 @@ class QuantFormat:
     repack_copies: bool = True
     row_block: int = 1
     gemv_prefill: bool = False
+    gemv_prefill_min_k: int = 0
 
     def row_bytes(self, K: int) -> int:
         return K // self.block_size * self.type_size
 
 
-def _quant(t, fields, rp, gemv, deq, row_block=1, gemv_prefill=False) -> QuantFormat:
+def _quant(t, fields, rp, gemv, deq, row_block=1, gemv_prefill=False, gemv_prefill_min_k=0) -> QuantFormat:
     bs, ts = GGML_QUANT_SIZES[t]
     return QuantFormat(t, bs, ts, fields, lambda raw, K: rp(raw), gemv, deq, row_block=row_block,
-                       gemv_prefill=gemv_prefill)
+                       gemv_prefill=gemv_prefill, gemv_prefill_min_k=gemv_prefill_min_k)
 
 
 def _float(t, dtype, gemv, deq) -> QuantFormat:
@@ -71,15 +76,16 @@ FORMATS: dict[Q, QuantFormat] = {
         _quant(Q.Q5_0, ("qs", "qh", "d"), repack.q5_0, k_bytes.gemv_q5_0, k_bytes.deq_q5_0, row_block=8,
                gemv_prefill=True),
         _quant(Q.Q5_1, ("qs", "qh", "d", "m"), repack.q5_1, k_legacy.gemv_q5_1, k_legacy.deq_q5_1),
-        _quant(Q.Q8_0, ("q", "d"), repack.q8_0, k_bytes.gemv_q8_0, k_bytes.deq_q8_0, row_block=8),
+        _quant(Q.Q8_0, ("q", "d"), repack.q8_0, k_bytes.gemv_q8_0, k_bytes.deq_q8_0, row_block=8,
+               gemv_prefill=True),
         _quant(Q.Q2_K, ("qs", "sc", "d", "dmin"), repack.q2_k, k_lowbit.gemv_q2_k, k_lowbit.deq_q2_k),
         _quant(Q.Q3_K, ("hmask", "qs", "sc", "d"), repack.q3_k, k_lowbit.gemv_q3_k, k_lowbit.deq_q3_k),
         _quant(Q.Q4_K, ("qs", "sc", "mn", "d", "dmin"), repack.q4_k, k_kquants_x8.gemv_q4_k, k_kquants_x8.deq_q4_k,
-               row_block=8, gemv_prefill=True),
+               row_block=8, gemv_prefill=True, gemv_prefill_min_k=4096),
         _quant(Q.Q5_K, ("qs", "qh", "sc", "mn", "d", "dmin"), repack.q5_k, k_kquants.gemv_q5_k,
                k_kquants.deq_q5_k),
         _quant(Q.Q6_K, ("ql", "qh", "sc", "d"), repack.q6_k, k_kquants_x8.gemv_q6_k, k_kquants_x8.deq_q6_k,
-               row_block=8),
+               row_block=8, gemv_prefill=True),
     )
 }
 

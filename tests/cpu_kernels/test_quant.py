@@ -136,11 +136,23 @@ def test_auto_long_matmul_is_bf16_where_native_else_the_int8_gemv(case):
     x = np.random.default_rng(6).standard_normal((GEMV_MAX_M + 9, K)).astype(np.float32)
     got = lin.matmul(x, dense_dtype="auto")
     if auto_dense_dtype() == "bfloat16":
-        np.testing.assert_array_equal(got, lin.matmul(x, dense_dtype="bfloat16"))
+        np.testing.assert_array_equal(got, lin.matmul(x, dense_dtype="bfloat16"))  # K is below every min_k
     elif lin.fmt.gemv_prefill:
         np.testing.assert_array_equal(got, lin.matmul(x, batch_invariant=True))
     else:
         np.testing.assert_array_equal(got, lin.matmul(x, dense_dtype="float32"))
+
+
+def test_auto_long_matmul_takes_the_gemv_from_min_k_on():
+    """Q4_K with K >= gemv_prefill_min_k (the 8B shapes) runs the int8 GEMV for long chunks even where bf16 is
+    native: bitwise what each row gives alone."""
+    fmt = FORMATS[Q.Q4_K]
+    assert fmt.gemv_prefill and fmt.gemv_prefill_min_k == 4096
+    N, K = 16, fmt.gemv_prefill_min_k
+    w, raw, deq = make(Q.Q4_K, N, K)
+    lin = QuantLinear.from_raw(Q.Q4_K, raw, (N, K))
+    x = np.random.default_rng(7).standard_normal((GEMV_MAX_M + 5, K)).astype(np.float32)
+    np.testing.assert_array_equal(lin.matmul(x, dense_dtype="auto"), lin.matmul(x, batch_invariant=True))
 
 
 def test_prefill_in_several_tiles(monkeypatch):
