@@ -11,9 +11,10 @@ from numba import njit, prange
 from .simd import CACHE
 
 
-# From this many rows on, quantize_act splits the rows over the threads (the GEMVs call it before their own
-# parallel loop; serial, it was 0.37 ms of a 512 x 640 matmul's 3.4).
-PAR_ROWS = 16
+# From this many rows on, quantize_act splits the rows over the threads (~0.7 us a row of 640: below, a parallel
+# launch costs as much as it saves). The GEMVs call it before their own parallel loop; serial, it was 0.37 ms of
+# a 512 x 640 matmul's 3.4.
+PAR_ROWS = 32
 
 
 @njit(cache=CACHE)
