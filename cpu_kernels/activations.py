@@ -173,10 +173,13 @@ def _pair(gate: np.ndarray, up: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(gate, dtype=np.float32), np.ascontiguousarray(up, dtype=np.float32)
 
 
-def _halves(y: np.ndarray) -> np.ndarray:
+def _on_halves(kernel, y: np.ndarray) -> np.ndarray:
+    """kernel(gate, up) on the column halves of y (T, 2F), read in place."""
     if y.ndim != 2 or y.shape[1] % 2:
         raise ValueError(f"expected (T, 2F) gate|up columns, got {y.shape}")
-    return np.ascontiguousarray(y, dtype=np.float32)
+    y = np.ascontiguousarray(y, dtype=np.float32)
+    F = y.shape[1] // 2
+    return kernel(y, 0, y, F, F)
 
 
 def silu_mul(gate, up):
@@ -193,14 +196,12 @@ def gelu_tanh_mul(gate, up):
 
 def silu_mul_halves(y):
     """silu_mul of the two column halves of y (T, 2F) (one stacked gate|up matmul output), read in place."""
-    y = _halves(y)
-    return _silu_mul(y, 0, y, y.shape[1] // 2, y.shape[1] // 2)
+    return _on_halves(_silu_mul, y)
 
 
 def gelu_tanh_mul_halves(y):
     """gelu_tanh_mul of the two column halves of y (T, 2F), read in place."""
-    y = _halves(y)
-    return _gelu_tanh_mul(y, 0, y, y.shape[1] // 2, y.shape[1] // 2)
+    return _on_halves(_gelu_tanh_mul, y)
 
 
 HALVES = {silu_mul: silu_mul_halves, gelu_tanh_mul: gelu_tanh_mul_halves}

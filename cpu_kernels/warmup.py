@@ -31,7 +31,6 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
         cos, sin = rope.rope_cos_sin(np.arange(t, dtype=np.int64), inv_freq, mscale)  # the model's calls
         for neox in (True, False):
             rope.rotate(q, cos, sin, neox)
-            rope.apply_rope(q, np.arange(t, dtype=np.int64), inv_freq, mscale, neox)
 
     for gate in (np.ones((1, 8), f32), np.ones((8, 4096), f32)):
         activations.silu_mul(gate, gate)

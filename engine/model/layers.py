@@ -134,21 +134,24 @@ class Projections:
                 lo = hi
             self.groups.append((fused, spans))
 
+    def _replaced(self) -> bool:
+        """A part was replaced on the owner since (offload override): the stacked weights no longer apply."""
+        return any(getattr(self.owner, n) is not p for n, p in zip(self.names, self.parts))
+
     def stacked(self, x: np.ndarray) -> np.ndarray | None:
         """The parts' outputs side by side in one (T, sum N) array when they run as one matmul and are equally
         wide (the gated activations read the halves in place); None otherwise."""
-        if len(self.groups) != 1 or any(getattr(self.owner, n) is not p for n, p in zip(self.names, self.parts)):
+        if len(self.groups) != 1 or self._replaced():
             return None
         lin, spans = self.groups[0]
-        if [i for i, _, _ in spans] != list(range(len(self.parts))) or len(spans) < 2:
-            return None
-        if len({hi - lo for _, lo, hi in spans}) != 1:  # halves must be equal for the gated activations
+        in_order = [i for i, _, _ in spans] == list(range(len(self.parts)))
+        if len(spans) < 2 or not in_order or len({hi - lo for _, lo, hi in spans}) != 1:
             return None
         return lin(x)
 
     def __call__(self, x: np.ndarray) -> list[np.ndarray]:
-        if any(getattr(self.owner, n) is not p for n, p in zip(self.names, self.parts)):
-            return [getattr(self.owner, n)(x) for n in self.names]  # a part was replaced (offload override)
+        if self._replaced():
+            return [getattr(self.owner, n)(x) for n in self.names]
         out = [None] * len(self.parts)
         for lin, spans in self.groups:
             y = lin(x)
@@ -170,14 +173,14 @@ class RMSNorm:
         self.eps = float(eps)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        if x.ndim == 2 and x.shape[0] < norms.PAR_MIN_ROWS:  # runs serially anyway: no thread switch needed
-            return norms.rms_norm(x, self.weight, self.eps)
-        with small_on_one_thread(x):
-            if x.ndim == 2:
-                return norms.rms_norm(x, self.weight, self.eps)
-            # Per-head norm (QK-norm): normalize over the last axis.
-            shape = x.shape
-            return norms.rms_norm(np.ascontiguousarray(x).reshape(-1, shape[-1]), self.weight, self.eps).reshape(shape)
+        # Per-head norm (QK-norm) of (T, H, D): normalize over the last axis, as (T * H, D) rows.
+        x2 = x if x.ndim == 2 else np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+        if x2.shape[0] < norms.PAR_MIN_ROWS:  # rms_norm runs serially anyway: no thread switch to enter
+            y = norms.rms_norm(x2, self.weight, self.eps)
+        else:
+            with small_on_one_thread(x2):
+                y = norms.rms_norm(x2, self.weight, self.eps)
+        return y if x.ndim == 2 else y.reshape(x.shape)
 
 
 class Attention:
