@@ -18,9 +18,10 @@ from .k_bytes import store_rows, store_rows4
 from .k_kquants import q6k_group
 from .q8act import quantize_act
 from .dot import acc_i32, dpbusd7, dpbusd_acc, zero_acc
-from .simd import (CACHE, PREFETCH_AHEAD, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_strided4, load_u8x8,
+from .wide import dpbusd16, load_bcast4x16, load_u8x64, pair_units, splat_i32x16, store16x4, unit_group
+from .simd import (CACHE, PREFETCH_AHEAD, concat, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_strided4, load_u8x8,
                    load_u8x32, muladd, pair16, prefetch, splat_i32, store, to_f32, u8_to_f32, vadd, vand, vmul, vshr,
-                   vsub, zero_f32x8)
+                   vsub, zero_f32x8, zero_f32x16)
 
 
 @njit(cache=CACHE)
@@ -43,13 +44,73 @@ def prefetch_chunk(qs, sc, mn, d, dmin, o, so):
     prefetch(dmin, so // 8 + PREFETCH_AHEAD // 128)
 
 
+
+@njit(cache=CACHE)
+def q4_k_pair(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns):
+    """gemv_q4_k's 4-row passes over groups g and g + 1 at once (wide.py): the same integers, the same bits."""
+    M, K = xq.shape
+    for m in range(0, M, 4):
+        m0 = min(m, M - 4)
+        a0, a1, a2, a3 = zero_f32x16(), zero_f32x16(), zero_f32x16(), zero_f32x16()
+        for s in range(ns):
+            for c in range(4):
+                o = (g * ns + s) * 1024 + 256 * c
+                o2 = o + ns * 1024
+                if m == 0:
+                    prefetch_chunk(qs, sc, mn, d, dmin, o, (g * ns + s) * 64 + c * 16)
+                    prefetch_chunk(qs, sc, mn, d, dmin, o2, ((g + 1) * ns + s) * 64 + c * 16)
+                xo = m0 * K + s * 256 + 64 * c
+                z = splat_i32x16(0)
+                i0, i1, i2, i3, h0, h1, h2, h3 = z, z, z, z, z, z, z, z
+                for k in range(8):
+                    w = concat(load_u8x32(qs, o + 32 * k), load_u8x32(qs, o2 + 32 * k))
+                    lo, hi = vand(w, 15), vshr(w, 4)
+                    i0 = dpbusd16(i0, lo, load_bcast4x16(xq, xo + 4 * k))
+                    i1 = dpbusd16(i1, lo, load_bcast4x16(xq, xo + K + 4 * k))
+                    i2 = dpbusd16(i2, lo, load_bcast4x16(xq, xo + 2 * K + 4 * k))
+                    i3 = dpbusd16(i3, lo, load_bcast4x16(xq, xo + 3 * K + 4 * k))
+                    h0 = dpbusd16(h0, hi, load_bcast4x16(xq, xo + 32 + 4 * k))
+                    h1 = dpbusd16(h1, hi, load_bcast4x16(xq, xo + K + 32 + 4 * k))
+                    h2 = dpbusd16(h2, hi, load_bcast4x16(xq, xo + 2 * K + 32 + 4 * k))
+                    h3 = dpbusd16(h3, hi, load_bcast4x16(xq, xo + 3 * K + 32 + 4 * k))
+                ja = s * 8 + 2 * c
+                sa, ma = pair_scales(sc, mn, d, dmin, g, ns, s, 2 * c)
+                sb, mb = pair_scales(sc, mn, d, dmin, g, ns, s, 2 * c + 1)
+                a0 = muladd(a0, to_f32(i0), vmul(sa, xd[m0, ja]))
+                a0 = muladd(a0, to_f32(h0), vmul(sb, xd[m0, ja + 1]))
+                a0 = vsub(vsub(a0, vmul(ma, xs32[m0, ja])), vmul(mb, xs32[m0, ja + 1]))
+                a1 = muladd(a1, to_f32(i1), vmul(sa, xd[m0 + 1, ja]))
+                a1 = muladd(a1, to_f32(h1), vmul(sb, xd[m0 + 1, ja + 1]))
+                a1 = vsub(vsub(a1, vmul(ma, xs32[m0 + 1, ja])), vmul(mb, xs32[m0 + 1, ja + 1]))
+                a2 = muladd(a2, to_f32(i2), vmul(sa, xd[m0 + 2, ja]))
+                a2 = muladd(a2, to_f32(h2), vmul(sb, xd[m0 + 2, ja + 1]))
+                a2 = vsub(vsub(a2, vmul(ma, xs32[m0 + 2, ja])), vmul(mb, xs32[m0 + 2, ja + 1]))
+                a3 = muladd(a3, to_f32(i3), vmul(sa, xd[m0 + 3, ja]))
+                a3 = muladd(a3, to_f32(h3), vmul(sb, xd[m0 + 3, ja + 1]))
+                a3 = vsub(vsub(a3, vmul(ma, xs32[m0 + 3, ja])), vmul(mb, xs32[m0 + 3, ja + 1]))
+        store16x4(out, m0, 8 * g, a0, a1, a2, a3)
+
+
+@njit(cache=CACHE)
+def pair_scales(sc, mn, d, dmin, g, ns, s, j):
+    """group_scales of groups g and g + 1 side by side (f32x16)."""
+    sa, ma = group_scales(sc, mn, d, dmin, g, ns, s, j)
+    sb, mb = group_scales(sc, mn, d, dmin, g + 1, ns, s, j)
+    return concat(sa, sb), concat(ma, mb)
+
+
 @njit(parallel=True, cache=CACHE)
 def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
     xq, xd, xn4, xs32, xs16 = quantize_act(x)
     M, K = x.shape
     G = qs.shape[0]
     ns = K // 256
-    for g in prange(G):
+    P = pair_units(M, out.shape[1])
+    for u in prange(G - P):
+        g = unit_group(u, P)
+        if g < 2 * P:
+            q4_k_pair(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns)
+            continue
         if M < 4:
             for m in range(M):
                 acc = zero_f32x8()
@@ -179,6 +240,53 @@ def q6_scale(sc, d, g, ns, s, j):
     return vmul(i8_to_f32(load_u8x8(sc, (g * ns + s) * 128 + 8 * j)), load_f16x8(d, (g * ns + s) * 8))
 
 
+
+@njit(cache=CACHE)
+def q6_k_pair(ql, qh, sc, d, xq, xd, o16, out, g, ns):
+    """gemv_q6_k's 4-row passes over groups g and g + 1 at once (wide.py): both groups unpacked to bytes side by
+    side (gemv_q6_k's 32-byte slots doubled, group g + 1 32 bytes on)."""
+    M, K = xq.shape
+    w8 = np.empty(ns * 4096, np.uint8)
+    for s in range(ns):
+        for h in range(2):
+            for gi in range(2):
+                o = (2 * ((g + gi) * ns + s) + h) * 512
+                oh = (2 * ((g + gi) * ns + s) + h) * 256
+                prefetch_half(ql, qh, sc, o, oh, ((g + gi) * ns + s) * 128)
+                for k in range(8):
+                    a = load_u8x32(ql, o + 64 * k)
+                    b = load_u8x32(ql, o + 64 * k + 32)
+                    hv = load_u8x32(qh, oh + 32 * k)
+                    for t in range(4):
+                        store(w8, 64 * (8 * (4 * (2 * s + h) + t) + k) + 32 * gi, q6k_group(a, b, hv, t))
+    for m in range(0, M, 4):
+        m0 = min(m, M - 4)
+        a0, a1, a2, a3 = zero_f32x16(), zero_f32x16(), zero_f32x16(), zero_f32x16()
+        for s in range(ns):
+            for h in range(2):
+                for half in range(2):
+                    e = s * 256 + h * 128 + 16 * half
+                    j0 = e // 16
+                    jl = 8 * h + half
+                    for t in range(4):
+                        c0, c1 = splat_i32x16(o16[m0, j0 + 2 * t]), splat_i32x16(o16[m0 + 1, j0 + 2 * t])
+                        c2, c3 = splat_i32x16(o16[m0 + 2, j0 + 2 * t]), splat_i32x16(o16[m0 + 3, j0 + 2 * t])
+                        for k in range(4 * half, 4 * half + 4):
+                            v = load_u8x64(w8, 64 * (8 * (4 * (2 * s + h) + t) + k))
+                            xo = m0 * K + s * 256 + h * 128 + 32 * t + 4 * k
+                            c0 = dpbusd16(c0, v, load_bcast4x16(xq, xo))
+                            c1 = dpbusd16(c1, v, load_bcast4x16(xq, xo + K))
+                            c2 = dpbusd16(c2, v, load_bcast4x16(xq, xo + 2 * K))
+                            c3 = dpbusd16(c3, v, load_bcast4x16(xq, xo + 3 * K))
+                        sj = concat(q6_scale(sc, d, g, ns, s, jl + 2 * t), q6_scale(sc, d, g + 1, ns, s, jl + 2 * t))
+                        b32 = e // 32 + t
+                        a0 = muladd(a0, to_f32(c0), vmul(sj, xd[m0, b32]))
+                        a1 = muladd(a1, to_f32(c1), vmul(sj, xd[m0 + 1, b32]))
+                        a2 = muladd(a2, to_f32(c2), vmul(sj, xd[m0 + 2, b32]))
+                        a3 = muladd(a3, to_f32(c3), vmul(sj, xd[m0 + 3, b32]))
+        store16x4(out, m0, 8 * g, a0, a1, a2, a3)
+
+
 @njit(parallel=True, cache=CACHE)
 def gemv_q6_k(ql, qh, sc, d, x, out):
     xq, xd, xn4, xs32, xs16 = quantize_act(x)
@@ -186,7 +294,12 @@ def gemv_q6_k(ql, qh, sc, d, x, out):
     G = ql.shape[0]
     ns = K // 256
     o16 = group16_offsets(xn4, K)
-    for g in prange(G):
+    P = pair_units(M, out.shape[1])
+    for u in prange(G - P):
+        g = unit_group(u, P)
+        if g < 2 * P:
+            q6_k_pair(ql, qh, sc, d, xq, xd, o16, out, g, ns)
+            continue
         if M < 4:
             for m in range(M):
                 acc = zero_f32x8()

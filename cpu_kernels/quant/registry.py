@@ -13,6 +13,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 from . import k_bytes, k_float, k_kquants, k_kquants_x8, k_legacy, k_lowbit, repack
+from .simd import HOST_FEATURES
+from .wide import PAIR
 
 
 @dataclass(frozen=True)
@@ -33,9 +35,11 @@ class QuantFormat:
     gemv_prefill: without native bf16, long prefill chunks run the GEMV rather than float32 GEMM (measured faster
         on a Zen 3 host at M = 64..512: Q4_K 1.7-3.2x on gemma and 8B shapes, Q5_0 1.1-2.5x; since the GEMVs
         unpack each row group once, Q6_K and Q8_0 too: 2-2.6x with the AVX2 lowering at M = 128..512).
-    gemv_prefill_min_k: with native bf16 as well, from this K on (0: never): Q4_K on the 8B shapes (K = 4096),
-        VNNI GEMV against oneDNN bf16 at M = 128: 1.2-1.6x, M = 512: 1.2x on the large ones; at gemma's K of
-        640-2048 bf16 stays ahead or level.
+    gemv_prefill_min_k: with native bf16 as well, from this K on (0: never). Where the GEMVs run two-group
+        passes (wide.PAIR: AVX-512 VNNI) and bf16 has no AMX, the int8 GEMV beats oneDNN's bf16 GEMM (tiles
+        dequantized per call) on Zen 4 at M = 512: Q5_0 4096x640 1.67x, Q4_K 640x1024 2.2x, Q8_0 256x640 1.35x,
+        the 8B shapes 1.15-1.34x (M = 128: 1.3-2.2x), but not Q6_K at gemma's K = 2048 (0.85x): WIDE_PREFILL
+        sets these. Otherwise Q4_K from K = 4096 (the 8B shapes: 1.2-1.6x at M = 128 before the pairs).
     """
     ggml_type: Q
     block_size: int
@@ -66,6 +70,9 @@ def _float(t, dtype, gemv, deq) -> QuantFormat:
                        int8_activations=False, repack_copies=False)
 
 
+# The int8 GEMV beats the bf16 GEMM for long prompts too (gemv_prefill_min_k): AVX-512 VNNI, and no AMX tiles.
+WIDE_PREFILL = PAIR and "amx-bf16" not in HOST_FEATURES
+
 FORMATS: dict[Q, QuantFormat] = {
     f.ggml_type: f for f in (
         _float(Q.F32, np.float32, k_float.gemv_f32, k_float.deq_f32),
@@ -74,18 +81,18 @@ FORMATS: dict[Q, QuantFormat] = {
         _quant(Q.Q4_0, ("qs", "d"), repack.q4_0, k_legacy.gemv_q4_0, k_legacy.deq_q4_0),
         _quant(Q.Q4_1, ("qs", "d", "m"), repack.q4_1, k_legacy.gemv_q4_1, k_legacy.deq_q4_1),
         _quant(Q.Q5_0, ("qs", "qh", "d"), repack.q5_0, k_bytes.gemv_q5_0, k_bytes.deq_q5_0, row_block=8,
-               gemv_prefill=True),
+               gemv_prefill=True, gemv_prefill_min_k=32 if WIDE_PREFILL else 0),
         _quant(Q.Q5_1, ("qs", "qh", "d", "m"), repack.q5_1, k_legacy.gemv_q5_1, k_legacy.deq_q5_1),
         _quant(Q.Q8_0, ("q", "d"), repack.q8_0, k_bytes.gemv_q8_0, k_bytes.deq_q8_0, row_block=8,
-               gemv_prefill=True),
+               gemv_prefill=True, gemv_prefill_min_k=32 if WIDE_PREFILL else 0),
         _quant(Q.Q2_K, ("qs", "sc", "d", "dmin"), repack.q2_k, k_lowbit.gemv_q2_k, k_lowbit.deq_q2_k),
         _quant(Q.Q3_K, ("hmask", "qs", "sc", "d"), repack.q3_k, k_lowbit.gemv_q3_k, k_lowbit.deq_q3_k),
         _quant(Q.Q4_K, ("qs", "sc", "mn", "d", "dmin"), repack.q4_k, k_kquants_x8.gemv_q4_k, k_kquants_x8.deq_q4_k,
-               row_block=8, gemv_prefill=True, gemv_prefill_min_k=4096),
+               row_block=8, gemv_prefill=True, gemv_prefill_min_k=256 if WIDE_PREFILL else 4096),
         _quant(Q.Q5_K, ("qs", "qh", "sc", "mn", "d", "dmin"), repack.q5_k, k_kquants.gemv_q5_k,
                k_kquants.deq_q5_k),
         _quant(Q.Q6_K, ("ql", "qh", "sc", "d"), repack.q6_k, k_kquants_x8.gemv_q6_k, k_kquants_x8.deq_q6_k,
-               row_block=8, gemv_prefill=True),
+               row_block=8, gemv_prefill=True, gemv_prefill_min_k=4096 if WIDE_PREFILL else 0),
     )
 }
 

@@ -126,28 +126,38 @@ def test_bf16_prefill_matches_float64(case):
 
 
 def test_auto_long_matmul_is_bf16_where_native_else_the_int8_gemv(case):
-    """dense_dtype="auto" above GEMV_MAX_M rows: oneDNN's bf16 GEMM where the CPU has native bf16; elsewhere
-    the GEMV for the formats marked gemv_prefill (faster than float32 GEMM there), bitwise what each row gives
-    alone, and float32 GEMM for the rest."""
+    """dense_dtype="auto" above GEMV_MAX_M rows: the GEMV for the formats marked gemv_prefill where it beats the
+    GEMM (no native bf16, or K >= the format's gemv_prefill_min_k), bitwise what each row gives alone; else
+    oneDNN's bf16 GEMM where the CPU has native bf16, and float32 GEMM elsewhere."""
     from cpu_kernels.quant.linear import auto_dense_dtype
     t, cases = case
     N, K, w, raw, deq = cases[0]
     lin = QuantLinear.from_raw(t, raw, (N, K))
     x = np.random.default_rng(6).standard_normal((GEMV_MAX_M + 9, K)).astype(np.float32)
     got = lin.matmul(x, dense_dtype="auto")
-    if auto_dense_dtype() == "bfloat16":
-        np.testing.assert_array_equal(got, lin.matmul(x, dense_dtype="bfloat16"))  # K is below every min_k
-    elif lin.fmt.gemv_prefill:
+    native = auto_dense_dtype() == "bfloat16"
+    if lin.fmt.gemv_prefill and (not native or 0 < lin.fmt.gemv_prefill_min_k <= K):
         np.testing.assert_array_equal(got, lin.matmul(x, batch_invariant=True))
+    elif native:
+        np.testing.assert_array_equal(got, lin.matmul(x, dense_dtype="bfloat16"))
     else:
         np.testing.assert_array_equal(got, lin.matmul(x, dense_dtype="float32"))
 
 
+def test_gemv_prefill_min_k_follows_the_host():
+    """With two-group passes and no AMX (WIDE_PREFILL) the GEMV takes long chunks of Q4_K, Q5_0 and Q8_0 at every
+    K and Q6_K from the 8B shapes on; elsewhere only Q4_K from K = 4096."""
+    from cpu_kernels.quant.registry import WIDE_PREFILL
+    want = {Q.Q4_K: 256, Q.Q5_0: 32, Q.Q8_0: 32, Q.Q6_K: 4096} if WIDE_PREFILL else {Q.Q4_K: 4096}
+    got = {t: f.gemv_prefill_min_k for t, f in FORMATS.items() if f.gemv_prefill_min_k}
+    assert got == want
+
+
 def test_auto_long_matmul_takes_the_gemv_from_min_k_on():
-    """Q4_K with K >= gemv_prefill_min_k (the 8B shapes) runs the int8 GEMV for long chunks even where bf16 is
-    native: bitwise what each row gives alone."""
+    """Q4_K with K >= gemv_prefill_min_k runs the int8 GEMV for long chunks even where bf16 is native: bitwise
+    what each row gives alone."""
     fmt = FORMATS[Q.Q4_K]
-    assert fmt.gemv_prefill and fmt.gemv_prefill_min_k == 4096
+    assert fmt.gemv_prefill and fmt.gemv_prefill_min_k in (256, 4096)
     N, K = 16, fmt.gemv_prefill_min_k
     w, raw, deq = make(Q.Q4_K, N, K)
     lin = QuantLinear.from_raw(Q.Q4_K, raw, (N, K))
@@ -327,9 +337,9 @@ from gguf import GGMLQuantizationType as Q
 rng = np.random.default_rng(1)
 outs = []
 for t in (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K):
-    w = rng.standard_normal((24, 512)).astype(np.float32)
+    w = rng.standard_normal((40, 512)).astype(np.float32)  # two 16-row pairs and a single group
     lin = QuantLinear.from_raw(t, quantize(t, w), w.shape)
-    for m in (1, 6):
+    for m in (1, 6, 9):  # 9: two-group passes where the host has them (wide.PAIR)
         outs.append(lin.matmul(rng.standard_normal((m, 512)).astype(np.float32)).ravel())
 sys.stdout.write(np.concatenate(outs).tobytes().hex())
 """
@@ -347,6 +357,39 @@ def test_gemv_is_bitwise_equal_on_every_instruction_set():
                              capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
         got[level] = np.frombuffer(bytes.fromhex(res.stdout), np.float32)
-    assert got["auto"].size == 5 * 24 * 7 and np.isfinite(got["auto"]).all()
+    assert got["auto"].size == 5 * 40 * 16 and np.isfinite(got["auto"]).all()
     np.testing.assert_array_equal(got["avx2"], got["auto"])
     np.testing.assert_array_equal(got["generic"], got["auto"])
+
+
+def test_dpbusd16_agrees_with_numpy():
+    """The two-group passes' 512-bit dot (wide.dpbusd16) gives vpdpbusd's exact sums on this host's path."""
+    from numba import njit
+    from cpu_kernels.quant import simd, wide
+
+    @njit
+    def run(acc, a, b, out):
+        v = wide.dpbusd16(wide.splat_i32x16(acc), wide.load_u8x64(a, 0), wide.load_u8x64(b, 0))
+        simd.store(out, 0, simd.to_f32(v))
+
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 256, (2, 64)).astype(np.uint8)
+    a[:4], b[:4] = 255, 128  # 255 x -128 in every byte of the first lane
+    out = np.empty(16, np.float32)
+    run(-12345, a, b, out)
+    want = -12345 + (a.astype(np.int64) * b.view(np.int8)).reshape(16, 4).sum(-1)
+    np.testing.assert_array_equal(out, want.astype(np.float32))
+
+
+@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def test_two_group_passes_equal_single_rows(t):
+    """From PAIR_MIN_M rows the 8-row-interleaved GEMVs run two groups per pass where the host has AVX-512 VNNI
+    (whole 16-row pairs below N, then single groups): every row is bitwise what it gives alone."""
+    from cpu_kernels.quant.wide import PAIR_MIN_M
+    K = 512
+    for N in (16, 37, 40):
+        lin = QuantLinear.from_raw(t, make(t, N, K, seed=N)[1], (N, K))
+        x = np.random.default_rng(N).standard_normal((PAIR_MIN_M + 5, K)).astype(np.float32)
+        got = lin.matmul(x, batch_invariant=True)
+        for i in range(x.shape[0]):
+            np.testing.assert_array_equal(got[i], lin.matmul(x[i:i + 1])[0])

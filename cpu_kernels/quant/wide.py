@@ -1,0 +1,92 @@
+"""512-bit int8 pieces for the GEMVs' two-group passes (k_pairs.py): two 8-row groups side by side in one vector.
+
+One zmm vpdpbusd multiplies the same broadcast activation quad by both groups' quads, so a 4-row pass over two
+groups issues half the instructions of two passes over one (the 262144 x 640 Q8_0 output matrix at M = 16: 23.4
+-> 16.4 ms on Zen 4). Each lane is still one weight row's exact integer dot, so the results are bitwise those of
+the 8-lane kernels. Used where the host has AVX-512 VNNI (PAIR); elsewhere the generic IR keeps them correct.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .dot import _dpbusd_generic
+from .simd import _I32, CACHE, HAS_VNNI, Vec, _make_load, _ptr, _splat, store
+
+# Two-group passes from this many activation rows: at M = 4 the single-group kernel was faster (9.2 vs 10.1 ms
+# on the output matrix), from M = 8 the pair (11.2 vs 13.1 ms; M = 32 28.4 vs 41.2).
+PAIR_MIN_M = 8
+PAIR = HAS_VNNI
+
+u8x64, i32x16 = Vec("i8", 64), Vec("i32", 16)
+load_u8x64 = _make_load(u8x64, (types.uint8, types.int8))
+_V16 = ir.VectorType(_I32, 16)
+
+
+@intrinsic
+def dpbusd16(typingctx, acc, a, b):
+    """i32x16 acc + dot products of 4-byte groups: unsigned bytes a x signed bytes b (u8x64 each)."""
+    if not (acc == i32x16 and a == u8x64 and b == u8x64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vacc, va, vb = args
+        if HAS_VNNI:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3),
+                                                "llvm.x86.avx512.vpdpbusd.512")
+            return builder.call(fn, [vacc, builder.bitcast(va, _V16), builder.bitcast(vb, _V16)])
+        return _dpbusd_generic(builder, vacc, va, vb, 16)
+    return i32x16(acc, a, b), codegen
+
+
+@intrinsic
+def load_bcast4x16(typingctx, arr, idx):
+    """u8x64 holding the 4 bytes at arr.flat[idx] in each of its 16 dword lanes."""
+    if not (isinstance(arr, types.Array) and arr.dtype in (types.uint8, types.int8) and isinstance(idx, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i = context.cast(builder, args[1], sig.args[1], types.intp)
+        word = builder.load(_ptr(context, builder, sig.args[0], args[0], i, _I32), align=1)
+        return builder.bitcast(_splat(builder, word, 16), ir.VectorType(ir.IntType(8), 64))
+    return u8x64(arr, idx), codegen
+
+
+@intrinsic
+def splat_i32x16(typingctx, s):
+    """i32x16 with every lane s."""
+    if not isinstance(s, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), 16)
+    return i32x16(s), codegen
+
+
+
+@njit(cache=CACHE)
+def store16x4(out, m0, n0, a0, a1, a2, a3):
+    """out[m0 + i, n0:n0 + 16] = ai for a 4-row pass over two groups (the callers pair only whole groups below N:
+    a tail check here, even one never taken, made the pass ~20 % slower)."""
+    N = out.shape[1]
+    store(out, m0 * N + n0, a0)
+    store(out, (m0 + 1) * N + n0, a1)
+    store(out, (m0 + 2) * N + n0, a2)
+    store(out, (m0 + 3) * N + n0, a3)
+
+
+@njit(cache=CACHE)
+def pair_units(M, N):
+    """How many group pairs a GEMV of M rows over N outputs runs: whole 16-row pairs below N on PAIR hosts from
+    PAIR_MIN_M rows, else 0. The work units are then those pairs followed by the remaining single groups."""
+    return N // 16 if PAIR and M >= PAIR_MIN_M else 0
+
+
+@njit(cache=CACHE)
+def unit_group(u, P):
+    """The first group of work unit u (P pairs, then single groups)."""
+    u = np.int64(u)  # a uint64 prange index mixed with int64 would type as float
+    return 2 * u if u < P else u + P
