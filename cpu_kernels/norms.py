@@ -27,10 +27,11 @@ def _sum_squares(row):
 def _rms_rows(x, w, eps32, out, t0, t1):
     H = x.shape[1]
     for t in range(t0, t1):
-        var = np.float32(_sum_squares(x[t]) / H)
+        xr, orow = x[t], out[t]  # row slices: out[t, i] over a runtime t kept the loop scalar
+        var = np.float32(_sum_squares(xr) / H)
         r = _F1 / np.sqrt(var + eps32)
         for i in range(H):
-            out[t, i] = (x[t, i] * r) * w[i]
+            orow[i] = (xr[i] * r) * w[i]
 
 
 @njit(cache=True, error_model="numpy", parallel=True)

@@ -112,3 +112,70 @@ def _vhsum(typingctx, v):
             x, n = builder.fadd(lo, hi), h
         return builder.extract_element(x, ir.Constant(_I32, 0))
     return types.float32(v), codegen
+
+
+def _splat_f(builder, s):
+    v = builder.insert_element(ir.Constant(_VT, ir.Undefined), s, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+
+
+@intrinsic
+def _vadd(typingctx, a, b):
+    if not (a == _f32x16 and b == _f32x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+    return _f32x16(a, b), codegen
+
+
+def _max(builder, a, b):
+    return builder.select(builder.fcmp_ordered(">", a, b), a, b)
+
+
+@intrinsic
+def _vmax(typingctx, a, b):
+    """Lane-wise max (a > b ? a : b): exact, so any order of a reduction gives the same result."""
+    if not (a == _f32x16 and b == _f32x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _max(builder, args[0], args[1])
+    return _f32x16(a, b), codegen
+
+
+@intrinsic
+def _vhmax(typingctx, v):
+    """Max of the 16 lanes (halving tree)."""
+    if v != _f32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        x, n = args[0], 16
+        while n > 1:
+            h = n // 2
+            lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h))))
+            hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h, n))))
+            x, n = _max(builder, lo, hi), h
+        return builder.extract_element(x, ir.Constant(_I32, 0))
+    return types.float32(v), codegen
+
+
+@intrinsic
+def _vmask(typingctx, v, base, lo, hi, fill):
+    """Lane i of v where lo <= base + i < hi, else fill (a float)."""
+    if not (v == _f32x16 and all(isinstance(t, types.Integer) for t in (base, lo, hi))
+            and isinstance(fill, types.Float)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vi = ir.VectorType(_I32, 16)
+        b, l, h = (context.cast(builder, a, t, types.int32) for a, t in zip(args[1:4], sig.args[1:4]))
+        splat = lambda s: builder.shuffle_vector(builder.insert_element(ir.Constant(vi, ir.Undefined), s,
+                                                                         ir.Constant(_I32, 0)),
+                                                 ir.Constant(vi, ir.Undefined), ir.Constant(vi, [0] * 16))
+        idx = builder.add(splat(b), ir.Constant(vi, list(range(16))))
+        keep = builder.and_(builder.icmp_signed(">=", idx, splat(l)), builder.icmp_signed("<", idx, splat(h)))
+        f = _splat_f(builder, context.cast(builder, args[4], sig.args[4], types.float32))
+        return builder.select(keep, args[0], f)
+    return _f32x16(v, base, lo, hi, fill), codegen

@@ -204,10 +204,11 @@ def test_rows_are_batch_invariant(cache_dtype):
         assert np.array_equal(run(_sub_batch(b, s), 0.125, 17), full[q0:q1]), s
 
 
-@pytest.mark.parametrize("hq,hkv", [(4, 1), (3, 3)], ids=["mqa4:1", "mha"])
-def test_rows_invariant_to_chunking_and_threads(hq, hkv):
-    """Rows computed in other tiles, by other kernel variants (4 or 1 query vectors) or threads: same bits."""
-    b = make_batch([(45, 45)], hq, hkv, 64, 7, np.float16, seed=5)
+@pytest.mark.parametrize("hq,hkv,bs", [(4, 1, 7), (3, 3, 7), (4, 1, 40)], ids=["mqa4:1", "mha", "blocks-of-40"])
+def test_rows_invariant_to_chunking_and_threads(hq, hkv, bs):
+    """Rows computed in other tiles, by other kernel variants (4 or 1 query vectors) or threads: same bits
+    (blocks of 40 keys: the softmax sums three 16-lane chunks per block)."""
+    b = make_batch([(45, 45)], hq, hkv, 64, bs, np.float16, seed=5)
     whole = run(b, 0.125)
 
     def rows(t0, t1):  # rows t0..t1-1 of the prompt as one chunk whose context ends at t1
