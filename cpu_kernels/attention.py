@@ -334,7 +334,10 @@ def _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_table
     bounds[nparts] = n_items
     Dp = (D + 31) // 32 * 32
     BS4 = (BS + 3) // 4 * 4
-    nvmax = (R * hc + 3) // 4 * 4
+    nr_max = 1
+    for i in range(n_items):
+        nr_max = max(nr_max, it_nr[i])
+    nvmax = (nr_max * hc + 3) // 4 * 4  # scratch for the largest tile present (decode: one row), not R rows
     for part in prange(nparts):
         qbuf = np.zeros((nvmax, Dp), np.float32)
         kbuf = np.zeros((BS4, Dp), np.float32)
