@@ -104,14 +104,19 @@ def _vhsum(typingctx, v):
         return None
 
     def codegen(context, builder, sig, args):
-        x, n = args[0], 16
-        while n > 1:
-            h = n // 2
-            lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h))))
-            hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h, n))))
-            x, n = builder.fadd(lo, hi), h
-        return builder.extract_element(x, ir.Constant(_I32, 0))
+        return _halving(builder, args[0], builder.fadd)
     return types.float32(v), codegen
+
+
+def _halving(builder, x, op):
+    """op over the 16 lanes of x: the high half combined with the low half until one lane is left."""
+    n = 16
+    while n > 1:
+        h = n // 2
+        lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h))))
+        hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h, n))))
+        x, n = op(lo, hi), h
+    return builder.extract_element(x, ir.Constant(_I32, 0))
 
 
 def _splat_f(builder, s):
@@ -151,13 +156,7 @@ def _vhmax(typingctx, v):
         return None
 
     def codegen(context, builder, sig, args):
-        x, n = args[0], 16
-        while n > 1:
-            h = n // 2
-            lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h))))
-            hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h, n))))
-            x, n = _max(builder, lo, hi), h
-        return builder.extract_element(x, ir.Constant(_I32, 0))
+        return _halving(builder, args[0], lambda a, b: _max(builder, a, b))
     return types.float32(v), codegen
 
 

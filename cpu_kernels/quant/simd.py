@@ -399,18 +399,24 @@ def pair16(typingctx, a, b):
     return Vec("f32", 32)(a, b), codegen
 
 
-@intrinsic
-def load_bcast4(typingctx, arr, idx):
-    """u8x32 holding the 4 bytes at arr.flat[idx] in each of its 8 dword lanes (a vpdpbusd memory broadcast):
-    one activation quad against the same quad of 8 interleaved weight rows."""
-    if not (isinstance(arr, types.Array) and arr.dtype in (types.uint8, types.int8) and isinstance(idx, types.Integer)):
-        return None
+def _make_load_bcast4(words: int):
+    @intrinsic
+    def load(typingctx, arr, idx):
+        if not (isinstance(arr, types.Array) and arr.dtype in (types.uint8, types.int8)
+                and isinstance(idx, types.Integer)):
+            return None
 
-    def codegen(context, builder, sig, args):
-        i = context.cast(builder, args[1], sig.args[1], types.intp)
-        word = builder.load(_ptr(context, builder, sig.args[0], args[0], i, _I32), align=1)
-        return builder.bitcast(_splat(builder, word, 8), ir.VectorType(ir.IntType(8), 32))
-    return u8x32(arr, idx), codegen
+        def codegen(context, builder, sig, args):
+            i = context.cast(builder, args[1], sig.args[1], types.intp)
+            word = builder.load(_ptr(context, builder, sig.args[0], args[0], i, _I32), align=1)
+            return builder.bitcast(_splat(builder, word, words), ir.VectorType(ir.IntType(8), 4 * words))
+        return Vec("i8", 4 * words)(arr, idx), codegen
+    return load
+
+
+# u8x32 holding the 4 bytes at arr.flat[idx] in each of its 8 dword lanes (a vpdpbusd memory broadcast): one
+# activation quad against the same quad of 8 interleaved weight rows.
+load_bcast4 = _make_load_bcast4(8)
 
 
 def _make_load_strided(words: int):
@@ -439,15 +445,20 @@ load_strided4 = _make_load_strided(8)
 load_strided4x4 = _make_load_strided(4)
 
 
-@intrinsic
-def splat_i32(typingctx, s):
-    """i32x8 with every lane s."""
-    if not isinstance(s, types.Integer):
-        return None
+def _make_splat_i32(n: int):
+    @intrinsic
+    def splat(typingctx, s):
+        """An i32 vector of n lanes, every lane s."""
+        if not isinstance(s, types.Integer):
+            return None
 
-    def codegen(context, builder, sig, args):
-        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), 8)
-    return i32x8(s), codegen
+        def codegen(context, builder, sig, args):
+            return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), n)
+        return Vec("i32", n)(s), codegen
+    return splat
+
+
+splat_i32 = _make_splat_i32(8)  # i32x8 with every lane s
 
 
 @intrinsic

@@ -1,9 +1,10 @@
-"""512-bit int8 pieces for the GEMVs' two-group passes (k_pairs.py): two 8-row groups side by side in one vector.
+"""512-bit int8 pieces for the GEMVs' two-group passes (q8_0_pair and q5_0_pair in k_bytes.py, q4_k_pair and
+q6_k_pair in k_kquants_x8.py): two 8-row groups side by side in one vector.
 
 One zmm vpdpbusd multiplies the same broadcast activation quad by both groups' quads, so a 4-row pass over two
-groups issues half the instructions of two passes over one (the 262144 x 640 Q8_0 output matrix at M = 16: 23.4
--> 16.4 ms on Zen 4). Each lane is still one weight row's exact integer dot, so the results are bitwise those of
-the 8-lane kernels. Used where the host has AVX-512 VNNI (PAIR); elsewhere the generic IR keeps them correct.
+groups issues half the instructions of two passes over one (the 262144 x 640 Q8_0 output matrix at M = 16: 26-28
+-> 17.6-18.5 ms on Zen 4). Each lane is still one weight row's exact integer dot, so the results are bitwise those
+of the 8-lane kernels. Used where the host has AVX-512 VNNI (PAIR); elsewhere the generic IR keeps them correct.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .dot import _dpbusd_generic
-from .simd import _I32, CACHE, HAS_VNNI, Vec, _make_load, _ptr, _splat, store
+from .simd import _I32, CACHE, HAS_VNNI, Vec, _make_load, _make_load_bcast4, _make_splat_i32, store
 
 # Two-group passes from this many activation rows: at M = 4 the single-group kernel was faster (9.2 vs 10.1 ms
 # on the output matrix), from M = 8 the pair (11.2 vs 13.1 ms; M = 32 28.4 vs 41.2).
@@ -42,29 +43,8 @@ def dpbusd16(typingctx, acc, a, b):
     return i32x16(acc, a, b), codegen
 
 
-@intrinsic
-def load_bcast4x16(typingctx, arr, idx):
-    """u8x64 holding the 4 bytes at arr.flat[idx] in each of its 16 dword lanes."""
-    if not (isinstance(arr, types.Array) and arr.dtype in (types.uint8, types.int8) and isinstance(idx, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        i = context.cast(builder, args[1], sig.args[1], types.intp)
-        word = builder.load(_ptr(context, builder, sig.args[0], args[0], i, _I32), align=1)
-        return builder.bitcast(_splat(builder, word, 16), ir.VectorType(ir.IntType(8), 64))
-    return u8x64(arr, idx), codegen
-
-
-@intrinsic
-def splat_i32x16(typingctx, s):
-    """i32x16 with every lane s."""
-    if not isinstance(s, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), 16)
-    return i32x16(s), codegen
-
+load_bcast4x16 = _make_load_bcast4(16)  # u8x64: the 4 bytes at arr.flat[idx] in each of 16 dword lanes
+splat_i32x16 = _make_splat_i32(16)  # i32x16 with every lane s
 
 
 @njit(cache=CACHE)
