@@ -87,7 +87,6 @@ def store_rows4(out, m0, n0, a0, a1, a2, a3):
     store_rows(out, m0 + 3, n0, a3)
 
 
-
 @njit(cache=CACHE)
 def q8_0_pair(q, d, xq, xd, s, out, g, nb):
     """gemv_q8_0's 4-row passes over groups g and g + 1 at once (wide.py): the same integers, the same bits.
@@ -195,7 +194,6 @@ def prefetch_q5(qs, qh, d, g, nb, b):
     prefetch(qs, (g * nb + b) * 128 + PREFETCH_AHEAD + 64)
     prefetch(qh, (g * nb + b) * 8 + PREFETCH_AHEAD // 16)
     prefetch(d, (g * nb + b) * 8 + PREFETCH_AHEAD // 16)
-
 
 
 @njit(cache=CACHE)

@@ -19,9 +19,9 @@ from .k_kquants import q6k_group
 from .q8act import quantize_act
 from .dot import acc_i32, dpbusd7, dpbusd_acc, zero_acc
 from .wide import dpbusd16, load_bcast4x16, load_u8x64, pair_units, splat_i32x16, store16x4, unit_group
-from .simd import (CACHE, PREFETCH_AHEAD, concat, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_strided4, load_u8x8,
-                   load_u8x32, muladd, pair16, prefetch, splat_i32, store, to_f32, u8_to_f32, vadd, vand, vmul, vshr,
-                   vsub, zero_f32x8, zero_f32x16)
+from .simd import (CACHE, PREFETCH_AHEAD, concat, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_strided4,
+                   load_u8x8, load_u8x32, muladd, pair16, prefetch, splat_i32, store, to_f32, u8_to_f32, vadd, vand, vmul,
+                   vshr, vsub, zero_f32x8, zero_f32x16)
 
 
 @njit(cache=CACHE)
@@ -42,7 +42,6 @@ def prefetch_chunk(qs, sc, mn, d, dmin, o, so):
     prefetch(mn, so + PREFETCH_AHEAD // 16)
     prefetch(d, so // 8 + PREFETCH_AHEAD // 128)
     prefetch(dmin, so // 8 + PREFETCH_AHEAD // 128)
-
 
 
 @njit(cache=CACHE)
@@ -238,7 +237,6 @@ def group16_offsets(xn4, K):
 def q6_scale(sc, d, g, ns, s, j):
     """f32x8 per row: d * sc_j for 16-group j of super-block s."""
     return vmul(i8_to_f32(load_u8x8(sc, (g * ns + s) * 128 + 8 * j)), load_f16x8(d, (g * ns + s) * 8))
-
 
 
 @njit(cache=CACHE)
