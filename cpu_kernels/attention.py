@@ -266,16 +266,13 @@ def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, 
             out[t, h, d] = acc[v, d] / l[v]
 
 
-@njit(cache=True, error_model="numpy", parallel=True)
-def _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-                     sliding_window, softcap, nthreads):
+@njit(**_JIT)
+def _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window, nthreads):
+    """Checks the batch and splits it into work items and one contiguous run of items per thread."""
     T, Hq, D = q.shape
     NB, BS, Hkv = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
     S = seq_lens.shape[0]
-    if Hq % Hkv != 0 or k_cache.shape[3] != D or v_cache.shape != k_cache.shape:
-        raise ValueError("paged_attention: q heads / head_dim do not match the KV cache")
-    out = np.zeros((T, Hq, D), np.float32)
     # Each query row's position p and first visible key lo; checks that keep the kernel in bounds.
     row_pos = np.zeros(T, np.int64)
     row_lo = np.zeros(T, np.int64)
@@ -303,11 +300,7 @@ def _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_table
     n_items = 0
     for s in range(S):
         n_items += (query_start_loc[s + 1] - query_start_loc[s] + R - 1) // R * Hkv * nsplit
-    it_t0 = np.empty(n_items, np.int64)
-    it_nr = np.empty(n_items, np.int64)
-    it_seq = np.empty(n_items, np.int64)
-    it_kvh = np.empty(n_items, np.int64)
-    it_sp = np.empty(n_items, np.int64)
+    items = np.empty((n_items, 5), np.int64)  # first row, rows, sequence, kv head, head chunk
     cum = np.zeros(n_items + 1, np.int64)  # work (keys x heads) up to each item
     i = 0
     for s in range(S):
@@ -318,7 +311,7 @@ def _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_table
                 keys += row_pos[t] - row_lo[t] + 1 + 8
             for kvh in range(Hkv):
                 for sp in range(nsplit):
-                    it_t0[i], it_nr[i], it_seq[i], it_kvh[i], it_sp[i] = t0, nr, s, kvh, sp
+                    items[i, 0], items[i, 1], items[i, 2], items[i, 3], items[i, 4] = t0, nr, s, kvh, sp
                     cum[i + 1] = cum[i] + keys * (min(G, (sp + 1) * hc) - sp * hc)
                     i += 1
     # Contiguous runs of items with about equal work, one per thread: a causal prefill's last rows
@@ -332,26 +325,60 @@ def _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_table
             i += 1
         bounds[k] = i
     bounds[nparts] = n_items
+    return row_pos, row_lo, items, bounds, hc
+
+
+@njit(**_JIT)
+def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, lo, hi, hc, out):
+    """The items lo:hi of a plan, with scratch for the largest tile among them (decode: one row)."""
+    D, G, BS = q.shape[2], q.shape[1] // k_cache.shape[2], k_cache.shape[1]
     Dp = (D + 31) // 32 * 32
     BS4 = (BS + 3) // 4 * 4
     nr_max = 1
-    for i in range(n_items):
-        nr_max = max(nr_max, it_nr[i])
-    nvmax = (nr_max * hc + 3) // 4 * 4  # scratch for the largest tile present (decode: one row), not R rows
-    for part in prange(nparts):
-        qbuf = np.zeros((nvmax, Dp), np.float32)
-        kbuf = np.zeros((BS4, Dp), np.float32)
-        vbuf = np.zeros((BS, Dp), np.float32)
-        acc = np.zeros((nvmax, Dp), np.float32)
-        sc = np.zeros((nvmax, (BS + 15) // 16 * 16), np.float32)  # whole 16-lane chunks (the softmax's vectors)
-        m = np.zeros(nvmax, np.float32)
-        l = np.zeros(nvmax, np.float32)
-        for it in range(bounds[part], bounds[part + 1]):
-            sp, kvh = it_sp[it], it_kvh[it]
-            h0 = kvh * G + sp * hc
-            nh = min(G, (sp + 1) * hc) - sp * hc
-            _attend_tile(q, k_cache, v_cache, out, it_t0[it], it_nr[it], h0, nh, kvh, block_tables[it_seq[it]],
-                         row_lo, row_pos, np.float32(scale), np.float32(softcap), qbuf, kbuf, vbuf, acc, sc, m, l)
+    for it in range(lo, hi):
+        nr_max = max(nr_max, items[it, 1])
+    nvmax = (nr_max * hc + 3) // 4 * 4
+    qbuf = np.zeros((nvmax, Dp), np.float32)
+    kbuf = np.zeros((BS4, Dp), np.float32)
+    vbuf = np.zeros((BS, Dp), np.float32)
+    acc = np.zeros((nvmax, Dp), np.float32)
+    sc = np.zeros((nvmax, (BS + 15) // 16 * 16), np.float32)  # whole 16-lane chunks (the softmax's vectors)
+    m = np.zeros(nvmax, np.float32)
+    l = np.zeros(nvmax, np.float32)
+    for it in range(lo, hi):
+        sp, kvh = items[it, 4], items[it, 3]
+        h0 = kvh * G + sp * hc
+        nh = min(G, (sp + 1) * hc) - sp * hc
+        _attend_tile(q, k_cache, v_cache, out, items[it, 0], items[it, 1], h0, nh, kvh, block_tables[items[it, 2]],
+                     row_lo, row_pos, np.float32(scale), np.float32(softcap), qbuf, kbuf, vbuf, acc, sc, m, l)
+
+
+@njit(**_JIT)
+def _check(q, k_cache, v_cache):
+    if q.shape[1] % k_cache.shape[2] != 0 or k_cache.shape[3] != q.shape[2] or v_cache.shape != k_cache.shape:
+        raise ValueError("paged_attention: q heads / head_dim do not match the KV cache")
+    return np.zeros(q.shape, np.float32)
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
+                     sliding_window, softcap, nthreads):
+    out = _check(q, k_cache, v_cache)
+    row_pos, row_lo, items, bounds, hc = _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window,
+                                               nthreads)
+    for part in prange(bounds.shape[0] - 1):
+        _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, bounds[part],
+                  bounds[part + 1], hc, out)
+    return out
+
+
+@njit(**_JIT)
+def _paged_attention_serial(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
+                            sliding_window, softcap):
+    """_paged_attention on the calling thread, without a parallel region's launch (a decode step's layers)."""
+    out = _check(q, k_cache, v_cache)
+    row_pos, row_lo, items, bounds, hc = _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window, 1)
+    _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, 0, bounds[1], hc, out)
     return out
 
 
@@ -371,6 +398,9 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
         ValueError: q_len > seq_len, a block table too short or holding an id outside the cache, or
         q heads / head_dim that do not fit the cache.
     """
+    nthreads = num_threads()
+    if nthreads == 1:
+        return _paged_attention_serial(q, _kernel_view(k_cache), _kernel_view(v_cache), query_start_loc, seq_lens,
+                                       block_tables, float(scale), int(sliding_window), float(softcap))
     return _paged_attention(q, _kernel_view(k_cache), _kernel_view(v_cache), query_start_loc, seq_lens,
-                            block_tables, float(scale), int(sliding_window), float(softcap),
-                            num_threads())
+                            block_tables, float(scale), int(sliding_window), float(softcap), nthreads)

@@ -127,23 +127,28 @@ def rope_cos_sin(positions, inv_freq, mscale):
 
 
 @njit(cache=True, error_model="numpy")
+def _rotate_head(xr, cr, sr, neox):
+    """One head's vector xr (D,) by one row's table cr, sr (R/2,): the code every rotation here runs."""
+    half = cr.shape[0]  # rotates the first 2 * half dims (partial rotary); the rest pass through
+    if neox:  # pairs (i, i + half): HF rotate_half
+        for i in range(half):
+            a = xr[i]
+            b = xr[i + half]
+            xr[i] = a * cr[i] - b * sr[i]
+            xr[i + half] = b * cr[i] + a * sr[i]
+    else:  # pairs (2i, 2i + 1): GPT-J / llama.cpp "normal"
+        for i in range(half):
+            a = xr[2 * i]
+            b = xr[2 * i + 1]
+            xr[2 * i] = a * cr[i] - b * sr[i]
+            xr[2 * i + 1] = b * cr[i] + a * sr[i]
+
+
+@njit(cache=True, error_model="numpy")
 def _rotate_rows(x, cos, sin, neox, t0, t1):
-    H = x.shape[1]
-    half = cos.shape[1]  # rotates the first 2 * half dims (partial rotary); the rest pass through
     for t in range(t0, t1):
-        for h in range(H):
-            if neox:  # pairs (i, i + half): HF rotate_half
-                for i in range(half):
-                    a = x[t, h, i]
-                    b = x[t, h, i + half]
-                    x[t, h, i] = a * cos[t, i] - b * sin[t, i]
-                    x[t, h, i + half] = b * cos[t, i] + a * sin[t, i]
-            else:  # pairs (2i, 2i + 1): GPT-J / llama.cpp "normal"
-                for i in range(half):
-                    a = x[t, h, 2 * i]
-                    b = x[t, h, 2 * i + 1]
-                    x[t, h, 2 * i] = a * cos[t, i] - b * sin[t, i]
-                    x[t, h, 2 * i + 1] = b * cos[t, i] + a * sin[t, i]
+        for h in range(x.shape[1]):
+            _rotate_head(x[t, h], cos[t], sin[t], neox)
 
 
 @njit(cache=True, error_model="numpy", parallel=True)

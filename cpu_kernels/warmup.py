@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from cpu_kernels import activations, attention, norms, rope
+from cpu_kernels.attn_inputs import attn_inputs
 from engine.model.config import RopeScaling
 
 
@@ -22,6 +23,10 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
         for weight in (w, w_file):
             norms.rms_norm(rows, weight, 1e-6)
             norms.rms_norm(rows, weight, 1e-6, True)
+    none = np.empty(0, f32)
+    for rows in (x[:1], x):
+        for post, nxt in ((w, w), (w, none), (none, w)):
+            norms.residual_rms_norm(rows, rows, post, nxt, 1e-6, 1e-6)
     norms.rms_norm_heads(x.reshape(20, 2, 4), w[:4], 1e-6)
     norms.rms_norm_heads(x.reshape(20, 2, 4), w[:4], 1e-6, True)
 
@@ -46,10 +51,17 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
         k_cache = np.zeros((3, bs, hkv, d), dtype)
         v_cache = np.zeros_like(k_cache)
         attention.write_kv(k, k, k_cache, v_cache, slots)
+        for t in (1, 20):  # the serial and the parallel path
+            y = np.ones((t, (hq + 2 * hkv) * d), f32)
+            cos, sin = rope.rope_cos_sin(np.arange(t, dtype=np.int64), inv_freq, mscale)
+            attn_inputs((y, 0), (y, hq * d), (y, (hq + hkv) * d), hq, (w, 1e-6), (w, 1e-6), cos, sin, True,
+                        k_cache, v_cache, np.arange(t, dtype=np.int64) % (3 * bs))
         for qsl, seq_lens, block_tables in (decode, mixed):
             q = np.ones((qsl[-1], hq, d), f32)
-            attention.paged_attention(q, k_cache, v_cache, qsl, seq_lens, block_tables, 0.5)
-            attention.paged_attention(q, k_cache, v_cache, qsl, seq_lens, block_tables, 0.5, 2, 30.0)
+            kv = (attention._kernel_view(k_cache), attention._kernel_view(v_cache), qsl, seq_lens, block_tables)
+            for scale, window, cap in ((0.5, 0, 0.0), (0.5, 2, 30.0)):  # both variants, whatever the thread count
+                attention._paged_attention(q, *kv, scale, window, cap, 2)
+                attention._paged_attention_serial(q, *kv, scale, window, cap)
 
 
 def main(argv=None) -> None:

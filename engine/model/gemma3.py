@@ -5,7 +5,7 @@ from dataclasses import replace
 
 from engine.model.base import DecoderModel
 from engine.model.config import RopeScaling
-from engine.model.layers import Attention, GatedMLP, RMSNorm, rope_tables
+from engine.model.layers import Attention, GatedMLP, RMSNorm, add_and_norm, rope_tables
 from engine.model.registry import register
 
 
@@ -17,8 +17,8 @@ class SandwichBlock:
         self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffn_norm = norms
 
     def __call__(self, x, meta, kv):
-        x = x + self.post_attn_norm(self.attn(self.attn_norm(x), meta, kv))
-        return x + self.post_ffn_norm(self.mlp(self.ffn_norm(x)))
+        x, h = add_and_norm(x, self.attn(self.attn_norm(x), meta, kv), self.post_attn_norm, self.ffn_norm)
+        return add_and_norm(x, self.mlp(h), self.post_ffn_norm, None)[0]
 
 
 @register("gemma3")

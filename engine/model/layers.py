@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from cpu_kernels import activations, attention, norms, rope
+from cpu_kernels.attn_inputs import attn_inputs
 from cpu_kernels.quant.linear import GEMV_MAX_M, QuantLinear
 from cpu_kernels.quant.threads import serial_if, serial_work
 from engine.batch import BatchMetadata
@@ -149,6 +150,17 @@ class Projections:
             return None
         return lin(x)
 
+    def columns(self, x: np.ndarray) -> list[tuple[np.ndarray, int]]:
+        """Per part, (the C-contiguous output holding it, its first column): no copies of stacked parts."""
+        if self._replaced():
+            return [(np.ascontiguousarray(getattr(self.owner, n)(x), dtype=np.float32), 0) for n in self.names]
+        out = [None] * len(self.parts)
+        for lin, spans in self.groups:
+            y = lin(x)
+            for i, lo, _hi in spans:
+                out[i] = (y, lo)
+        return out
+
     def __call__(self, x: np.ndarray) -> list[np.ndarray]:
         if self._replaced():
             return [getattr(self.owner, n)(x) for n in self.names]
@@ -169,7 +181,7 @@ def small_on_one_thread(a: np.ndarray) -> serial_if:
 
 class RMSNorm:
     def __init__(self, ws, name: str, eps: float):
-        self.weight = vector(ws, name)
+        self.weight = np.array(vector(ws, name))  # writable: one kernel signature for file and converted weights
         self.eps = float(eps)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -181,6 +193,21 @@ class RMSNorm:
             with small_on_one_thread(x2):
                 y = norms.rms_norm(x2, self.weight, self.eps)
         return y if x.ndim == 2 else y.reshape(x.shape)
+
+
+_NO_NORM = np.empty(0, np.float32)
+
+
+def add_and_norm(x: np.ndarray, y: np.ndarray, post: RMSNorm | None, nxt: RMSNorm | None):
+    """(x + post(y), nxt(x + post(y))) in one kernel (post None: x + y; nxt None: the second is empty): a block's
+    residual step without a launch and a Python call per part; the bits of the parts called one by one."""
+    x, y = np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(y, dtype=np.float32)
+    pw, pe = (post.weight, post.eps) if post is not None else (_NO_NORM, 0.0)
+    nw, ne = (nxt.weight, nxt.eps) if nxt is not None else (_NO_NORM, 0.0)
+    if x.shape[0] < norms.PAR_MIN_ROWS:
+        return norms.residual_rms_norm(x, y, pw, nw, pe, ne)
+    with small_on_one_thread(x):
+        return norms.residual_rms_norm(x, y, pw, nw, pe, ne)
 
 
 class Attention:
@@ -206,19 +233,14 @@ class Attention:
 
     def __call__(self, x: np.ndarray, meta: BatchMetadata, kv: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         t = x.shape[0]
-        q, k, v = self.qkv(x)
-        # Copies when q/k/v are column slices of a stacked output (rope and the KV writer want contiguous rows).
-        q = np.ascontiguousarray(q).reshape(t, self.num_heads, self.head_dim)
-        k = np.ascontiguousarray(k).reshape(t, self.num_kv_heads, self.head_dim)
-        v = np.ascontiguousarray(v).reshape(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        qc, kc, vc = self.qkv.columns(x)
         k_cache, v_cache = kv
-        with small_on_one_thread(q):
+        norms_ = (None, None) if self.q_norm is None else ((self.q_norm.weight, self.q_norm.eps),
+                                                           (self.k_norm.weight, self.k_norm.eps))
+        with small_on_one_thread(qc[0]):
             cos, sin = rope_table(meta, self.inv_freq, self.mscale)
-            rope.rotate(q, cos, sin, self.neox)
-            rope.rotate(k, cos, sin, self.neox)
-            attention.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            q = attn_inputs(qc, kc, vc, self.num_heads, *norms_, cos, sin, self.neox, k_cache, v_cache,
+                            meta.slot_mapping)
         # Work ~ query rows x context x heads x head_dim (a decode over a short context is tiny).
         work = t * meta.max_seq_len * self.num_heads * self.head_dim
         with serial_if(work < serial_work()):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from engine.model.base import DecoderModel
-from engine.model.layers import Attention, GatedMLP, RMSNorm, rope_tables
+from engine.model.layers import Attention, GatedMLP, RMSNorm, add_and_norm, rope_tables
 from engine.model.registry import register
 
 
@@ -13,8 +13,8 @@ class PreNormBlock:
         self.attn, self.mlp, self.attn_norm, self.ffn_norm = attn, mlp, attn_norm, ffn_norm
 
     def __call__(self, x, meta, kv):
-        x = x + self.attn(self.attn_norm(x), meta, kv)
-        return x + self.mlp(self.ffn_norm(x))
+        x, h = add_and_norm(x, self.attn(self.attn_norm(x), meta, kv), None, self.ffn_norm)
+        return x + self.mlp(h)
 
 
 @register("llama")

@@ -51,6 +51,20 @@ def test_rms_norm_rows_independent_of_batch_and_strides():
     assert np.array_equal(norms.rms_norm(wide[:, 100:300], w, 1e-5), full)
 
 
+@pytest.mark.parametrize("T", [1, 5, 40])
+@pytest.mark.parametrize("post,nxt", [(True, True), (True, False), (False, True)])
+def test_residual_rms_norm_is_the_parts_in_turn(T, post, nxt):
+    # The fused residual step gives the bits of rms_norm, numpy's add and rms_norm called one by one.
+    x, y, pw, nw = _randn(T, 96), _randn(T, 96), _randn(96), _randn(96)
+    none = np.empty(0, np.float32)
+    x2, h = norms.residual_rms_norm(x, y, pw if post else none, nw if nxt else none, 1e-6, 1e-5)
+    want = x + (norms.rms_norm(y, pw, 1e-6) if post else y)
+    assert np.array_equal(x2, want)
+    assert np.array_equal(h, norms.rms_norm(want, nw, 1e-5)) if nxt else h.shape == (T, 0)
+    with pytest.raises(ValueError, match="do not match"):
+        norms.residual_rms_norm(x, y[:, :64], pw, nw, 1e-6, 1e-6)
+
+
 def test_rms_norm_heads_is_per_head():
     x, w = _randn(3, 4, 64), _randn(64)
     out = norms.rms_norm_heads(x, w, 1e-6)

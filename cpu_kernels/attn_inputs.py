@@ -1,0 +1,101 @@
+"""The step between the q/k/v projections and attention in one kernel per layer: each head of q and k
+QK-normed (optional) and rotated, k and v stored in the paged cache, q returned as (T, Hq, D). The rows
+run the code of rms_norm, rotate and write_kv (the same row functions), so the bits are those of the three
+called in turn, without their launches and the copies that made q/k/v contiguous for them."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from cpu_kernels.attention import _kernel_view
+from cpu_kernels.f16 import _encode
+from cpu_kernels.norms import _rms_row
+from cpu_kernels.rope import _rotate_head
+
+PAR_MIN_ROWS = 8  # as rope's rotate: fewer rows run on the calling thread
+
+
+@njit(cache=True, error_model="numpy")
+def _head(src, w, eps32, dst):
+    if w.shape[0]:
+        _rms_row(src, w, eps32, dst)
+    else:
+        for d in range(dst.shape[0]):
+            dst[d] = src[d]
+
+
+@njit(cache=True, error_model="numpy")
+def _rows(yq, q0, yk, k0, yv, v0, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache, v_cache, slot_mapping, q, t0, t1):
+    Hq, D = q.shape[1], q.shape[2]
+    NB, BS, Hkv = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
+    kbuf = np.empty(D, np.float32)
+    for t in range(t0, t1):
+        cr, sr = cos[t], sin[t]
+        for h in range(Hq):
+            dst = q[t, h]
+            _head(yq[t, q0 + h * D:q0 + (h + 1) * D], qw, q_eps, dst)
+            _rotate_head(dst, cr, sr, neox)
+        slot = slot_mapping[t]
+        if slot < 0:  # padding row
+            continue
+        if slot >= NB * BS:
+            raise ValueError("write_kv: slot outside the cache")
+        blk, off = slot // BS, slot % BS
+        for h in range(Hkv):
+            _head(yk[t, k0 + h * D:k0 + (h + 1) * D], kw, k_eps, kbuf)
+            _rotate_head(kbuf, cr, sr, neox)
+            kd, vd, vr = k_cache[blk, off, h], v_cache[blk, off, h], yv[t, v0 + h * D:v0 + (h + 1) * D]
+            for d in range(D):
+                kd[d] = _encode(kbuf[d], k_cache)
+            for d in range(D):
+                vd[d] = _encode(vr[d], v_cache)
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _par(yq, q0, yk, k0, yv, v0, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache, v_cache, slot_mapping, q):
+    T = q.shape[0]
+    nchunks = min(T, 64)
+    for c in prange(nchunks):
+        _rows(yq, q0, yk, k0, yv, v0, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache, v_cache, slot_mapping, q,
+              c * T // nchunks, (c + 1) * T // nchunks)
+
+
+@njit(cache=True, error_model="numpy")
+def _attn_inputs(yq, q0, yk, k0, yv, v0, Hq, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache, v_cache, slot_mapping):
+    T = yq.shape[0]
+    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    if (yk.shape[0] != T or yv.shape[0] != T or slot_mapping.shape[0] != T or cos.shape[0] != T
+            or q0 + Hq * D > yq.shape[1] or k0 + Hkv * D > yk.shape[1] or v0 + Hkv * D > yv.shape[1]
+            or 2 * cos.shape[1] > D or v_cache.shape != k_cache.shape
+            or (qw.shape[0] and qw.shape[0] != D) or (kw.shape[0] and kw.shape[0] != D)):
+        raise ValueError("attn_inputs: q/k/v, the rope table, the norm weights or the cache do not match")
+    q = np.empty((T, Hq, D), np.float32)
+    qe, ke = np.float32(q_eps), np.float32(k_eps)
+    if T >= PAR_MIN_ROWS:
+        _par(yq, q0, yk, k0, yv, v0, qw, kw, qe, ke, cos, sin, neox, k_cache, v_cache, slot_mapping, q)
+    else:
+        _rows(yq, q0, yk, k0, yv, v0, qw, kw, qe, ke, cos, sin, neox, k_cache, v_cache, slot_mapping, q, 0, T)
+    return q
+
+
+def attn_inputs(q_cols, k_cols, v_cols, num_heads, q_norm, k_norm, cos, sin, neox, k_cache, v_cache, slot_mapping):
+    """q ready for paged_attention; k and v stored at slot_mapping.
+
+    Args:
+        q_cols, k_cols, v_cols: (y, first column): the projection's output f32 (T, *) C-contiguous and where
+            the part starts in it (one stacked q|k|v output serves all three). num_heads: Hq.
+        q_norm, k_norm: (weight f32 (D,), eps), or None for no QK-norm.
+        cos, sin: rope_cos_sin's table (T, R/2). neox: as rope.rotate.
+        k_cache, v_cache: (num_blocks, block_size, Hkv, D) float16 or float32, written in place.
+        slot_mapping: int64 (T,), negative = padding row (not stored).
+    Returns:
+        q f32 (T, Hq, D), normed and rotated.
+    Raises:
+        ValueError: shapes that do not fit together, or a slot past the end of the cache.
+    """
+    none = np.empty(0, np.float32)
+    qw, qe = q_norm if q_norm is not None else (none, 0.0)
+    kw, ke = k_norm if k_norm is not None else (none, 0.0)
+    return _attn_inputs(q_cols[0], q_cols[1], k_cols[0], k_cols[1], v_cols[0], v_cols[1], num_heads, qw, kw,
+                        float(qe), float(ke), cos, sin, bool(neox), _kernel_view(k_cache), _kernel_view(v_cache),
+                        slot_mapping)
