@@ -30,10 +30,16 @@ def instrument() -> None:
     from cpu_kernels import activations, attention, norms, rope
     from cpu_kernels.quant.linear import QuantLinear
     from engine import sampler
-    for mod, names in ((norms, ["rms_norm"]), (rope, ["rope_cos_sin", "rotate"]), (attention, ["write_kv", "paged_attention"]),
-                       (activations, ["silu_mul", "gelu_tanh_mul", "softcap"])):
+    from engine.model import layers
+    for mod, names in ((norms, ["rms_norm", "residual_rms_norm"]), (rope, ["rope_cos_sin", "rotate"]),
+                       (attention, ["write_kv", "paged_attention"]), (layers, ["attn_inputs"]),
+                       (activations, ["silu_mul", "gelu_tanh_mul", "softcap", "HALVES"])):
         for n in names:
-            setattr(mod, n, _timed(n, getattr(mod, n)))
+            f = getattr(mod, n)
+            if isinstance(f, dict):  # the gated activations reading stacked halves, looked up by name
+                setattr(mod, n, {k: _timed(getattr(v, "__name__", "activation"), v) for k, v in f.items()})
+            else:
+                setattr(mod, n, _timed(n, f))
     QuantLinear.matmul = _timed(lambda self, x, *a, **k: f"matmul {self.ggml_type.name} {self.N}x{self.K}",
                                 QuantLinear.matmul)
     QuantLinear.embed = _timed("embed", QuantLinear.embed)

@@ -12,6 +12,7 @@ from cpu_kernels.quant import threads
 def _fresh_state(monkeypatch):
     monkeypatch.setitem(threads._state, "checked", -1.0)
     monkeypatch.setitem(threads._state, "busy_until", -1.0)
+    monkeypatch.setitem(threads._state, "recent", 0)
 
 
 def test_serial_if_runs_one_thread_and_restores():
@@ -42,6 +43,22 @@ def test_busy_machine_raises_the_threshold(monkeypatch):
         for p in spin:
             p.kill()
             p.wait()
+
+
+def test_one_busy_reading_is_not_enough(monkeypatch):
+    """A task runnable for an instant must not put the kernels on one thread for the hold: 2 of 3 readings do."""
+    monkeypatch.delenv("RAMLM_SERIAL_WORK", raising=False)
+    _fresh_state(monkeypatch)
+    readings = iter([0, 9, 0, 0, 9, 9])  # others runnable per reading: 9 is more than any core count here
+    monkeypatch.setattr(threads, "_runnable_elsewhere", lambda: next(readings))
+
+    def read():
+        monkeypatch.setitem(threads._state, "checked", -1.0)
+        return threads.serial_work()
+    assert [read() for _ in range(4)] == [threads.QUIET_SERIAL_WORK] * 4  # the lone busy reading is ignored
+    assert read() == threads.QUIET_SERIAL_WORK  # one of the last three
+    assert read() == threads.BUSY_SERIAL_WORK  # two of the last three
+    assert threads._state["busy_until"] > time.monotonic()
 
 
 def test_env_forces_the_threshold(monkeypatch):
