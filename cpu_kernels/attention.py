@@ -35,23 +35,33 @@ TILE_VECS = 32  # query vectors (rows x heads of a group) per tile: each K/V blo
 
 # ---------------------------------------------------------------- write_kv
 @njit(**_JIT)
-def _write_kv(k, v, k_cache, v_cache, slot_mapping):
-    T, Hkv, D = k.shape
+def _slot_place(slot, k_cache):
+    """(block, offset) of a cache slot; raises past the end (callers skip negative, padding, slots)."""
     BS = k_cache.shape[1]
-    for t in range(T):
-        slot = slot_mapping[t]
-        if slot < 0:  # padding row
+    if slot >= k_cache.shape[0] * BS:
+        raise ValueError("write_kv: slot outside the cache")
+    return slot // BS, slot % BS
+
+
+@njit(**_JIT)
+def _store_head(kr, vr, k_cache, v_cache, blk, off, h):
+    """One kv head's K and V rows (f32 (D,)) into their cache slot: the code every KV write here runs."""
+    # Row slices: indices from range(D) need no wraparound checks, so the conversion vectorizes.
+    kd, vd = k_cache[blk, off, h], v_cache[blk, off, h]
+    for d in range(kr.shape[0]):
+        kd[d] = _encode(kr[d], k_cache)
+    for d in range(vr.shape[0]):
+        vd[d] = _encode(vr[d], v_cache)
+
+
+@njit(**_JIT)
+def _write_kv(k, v, k_cache, v_cache, slot_mapping):
+    for t in range(k.shape[0]):
+        if slot_mapping[t] < 0:  # padding row
             continue
-        if slot >= k_cache.shape[0] * BS:
-            raise ValueError("write_kv: slot outside the cache")
-        blk, off = slot // BS, slot % BS
-        for h in range(Hkv):
-            # Row slices: indices from range(D) need no wraparound checks, so the conversion vectorizes.
-            kr, vr, kd, vd = k[t, h], v[t, h], k_cache[blk, off, h], v_cache[blk, off, h]
-            for d in range(D):
-                kd[d] = _encode(kr[d], k_cache)
-            for d in range(D):
-                vd[d] = _encode(vr[d], v_cache)
+        blk, off = _slot_place(slot_mapping[t], k_cache)
+        for h in range(k.shape[1]):
+            _store_head(k[t, h], v[t, h], k_cache, v_cache, blk, off, h)
 
 
 def _kernel_view(cache: np.ndarray) -> np.ndarray:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from cpu_kernels.attention import _kernel_view
-from cpu_kernels.f16 import _encode
+from cpu_kernels.attention import _kernel_view, _slot_place, _store_head
 from cpu_kernels.norms import _rms_row
 from cpu_kernels.rope import _rotate_head
 
 PAR_MIN_ROWS = 8  # as rope's rotate: fewer rows run on the calling thread
+_NO_NORM = np.empty(0, np.float32)  # an empty weight: no QK-norm
 
 
 @njit(cache=True, error_model="numpy")
@@ -26,8 +26,7 @@ def _head(src, w, eps32, dst):
 
 @njit(cache=True, error_model="numpy")
 def _rows(yq, q0, yk, k0, yv, v0, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache, v_cache, slot_mapping, q, t0, t1):
-    Hq, D = q.shape[1], q.shape[2]
-    NB, BS, Hkv = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
+    Hq, D, Hkv = q.shape[1], q.shape[2], k_cache.shape[2]
     kbuf = np.empty(D, np.float32)
     for t in range(t0, t1):
         cr, sr = cos[t], sin[t]
@@ -35,20 +34,13 @@ def _rows(yq, q0, yk, k0, yv, v0, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache,
             dst = q[t, h]
             _head(yq[t, q0 + h * D:q0 + (h + 1) * D], qw, q_eps, dst)
             _rotate_head(dst, cr, sr, neox)
-        slot = slot_mapping[t]
-        if slot < 0:  # padding row
+        if slot_mapping[t] < 0:  # padding row
             continue
-        if slot >= NB * BS:
-            raise ValueError("write_kv: slot outside the cache")
-        blk, off = slot // BS, slot % BS
+        blk, off = _slot_place(slot_mapping[t], k_cache)
         for h in range(Hkv):
             _head(yk[t, k0 + h * D:k0 + (h + 1) * D], kw, k_eps, kbuf)
             _rotate_head(kbuf, cr, sr, neox)
-            kd, vd, vr = k_cache[blk, off, h], v_cache[blk, off, h], yv[t, v0 + h * D:v0 + (h + 1) * D]
-            for d in range(D):
-                kd[d] = _encode(kbuf[d], k_cache)
-            for d in range(D):
-                vd[d] = _encode(vr[d], v_cache)
+            _store_head(kbuf, yv[t, v0 + h * D:v0 + (h + 1) * D], k_cache, v_cache, blk, off, h)
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
@@ -93,9 +85,8 @@ def attn_inputs(q_cols, k_cols, v_cols, num_heads, q_norm, k_norm, cos, sin, neo
     Raises:
         ValueError: shapes that do not fit together, or a slot past the end of the cache.
     """
-    none = np.empty(0, np.float32)
-    qw, qe = q_norm if q_norm is not None else (none, 0.0)
-    kw, ke = k_norm if k_norm is not None else (none, 0.0)
+    qw, qe = q_norm if q_norm is not None else (_NO_NORM, 0.0)
+    kw, ke = k_norm if k_norm is not None else (_NO_NORM, 0.0)
     return _attn_inputs(q_cols[0], q_cols[1], k_cols[0], k_cols[1], v_cols[0], v_cols[1], num_heads, qw, kw,
                         float(qe), float(ke), cos, sin, bool(neox), _kernel_view(k_cache), _kernel_view(v_cache),
                         slot_mapping)
