@@ -1,15 +1,18 @@
 """Where a decode step's time goes, per kernel: wraps each kernel entry point with a timer.
 
-    python -m bench.profile_decode [--model M] [--steps 64] [--batch 1] [--threads N]
+    python -m bench.profile_decode [--model M] [--steps 64] [--batch 1] [--threads N] [--kernels]
 
 Prints milliseconds per step by kernel (matmuls split by weight format and shape) and the share of
-the step; the rest ("python") is everything between kernels.
+the step; the rest ("python") is everything between kernels. A decode step runs each block as one compiled
+call ("fused block", engine/model/fused_block.py); --kernels runs the blocks' kernels one by one instead
+(RAMLM_FUSED_BLOCKS=0), so that each shows on its own line, with the Python between them.
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import functools
+import os
 import time
 
 TIMES: collections.Counter = collections.Counter()
@@ -30,7 +33,8 @@ def instrument() -> None:
     from cpu_kernels import activations, attention, norms, rope
     from cpu_kernels.quant.linear import QuantLinear
     from engine import sampler
-    from engine.model import layers
+    from engine.model import fused_block, layers
+    fused_block.block_step = _timed("fused block", fused_block.block_step)
     for mod, names in ((norms, ["rms_norm", "residual_rms_norm"]), (rope, ["rope_cos_sin", "rotate"]),
                        (attention, ["write_kv", "paged_attention"]), (layers, ["attn_inputs"]),
                        (activations, ["silu_mul", "gelu_tanh_mul", "softcap", "HALVES"])):
@@ -52,7 +56,10 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--kernels", action="store_true", help="the blocks' kernels one by one (no fused blocks)")
     args = ap.parse_args(argv)
+    if args.kernels:
+        os.environ["RAMLM_FUSED_BLOCKS"] = "0"
     from engine import LLM, SamplingParams
     llm = LLM(model=args.model, num_threads=args.threads, max_model_len=1024, kv_cache_memory=1.0)
     params = SamplingParams(max_tokens=args.steps + 1, temperature=0, ignore_eos=True)

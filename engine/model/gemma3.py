@@ -5,6 +5,7 @@ from dataclasses import replace
 
 from engine.model.base import DecoderModel
 from engine.model.config import RopeScaling
+from engine.model.fused_block import FusedBlock
 from engine.model.layers import Attention, GatedMLP, RMSNorm, add_and_norm, rope_tables
 from engine.model.registry import register
 
@@ -15,8 +16,12 @@ class SandwichBlock:
     def __init__(self, attn, mlp, norms):
         self.attn, self.mlp = attn, mlp
         self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffn_norm = norms
+        self._fused = FusedBlock(self, self.post_attn_norm, self.post_ffn_norm)
 
     def __call__(self, x, meta, kv):
+        y = self._fused.run(x, meta, kv)  # a decode step: the whole block in one compiled call
+        if y is not None:
+            return y
         x, h = add_and_norm(x, self.attn(self.attn_norm(x), meta, kv), self.post_attn_norm, self.ffn_norm)
         return add_and_norm(x, self.mlp(h), self.post_ffn_norm, None)[0]
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from engine.model.base import DecoderModel
+from engine.model.fused_block import FusedBlock
 from engine.model.layers import Attention, GatedMLP, RMSNorm, add_and_norm, rope_tables
 from engine.model.registry import register
 
@@ -11,8 +12,12 @@ class PreNormBlock:
 
     def __init__(self, attn, mlp, attn_norm: RMSNorm, ffn_norm: RMSNorm):
         self.attn, self.mlp, self.attn_norm, self.ffn_norm = attn, mlp, attn_norm, ffn_norm
+        self._fused = FusedBlock(self, None, None)
 
     def __call__(self, x, meta, kv):
+        y = self._fused.run(x, meta, kv)  # a decode step: the whole block in one compiled call
+        if y is not None:
+            return y
         x, h = add_and_norm(x, self.attn(self.attn_norm(x), meta, kv), None, self.ffn_norm)
         return x + self.mlp(h)
 

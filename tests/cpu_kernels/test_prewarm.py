@@ -18,8 +18,11 @@ from engine.args import EngineArgs
 from engine.model.weights import open_weights
 
 def signatures():
-    return {(m, n, str(s)) for m, mod in list(sys.modules.items()) if m.startswith("cpu_kernels")
-            for n, d in vars(mod).items() if isinstance(d, Dispatcher) for s in d.signatures}
+    # By the function's own module (a module importing a kernel lists it too). The fused decode block's functions
+    # compile at the engine's warm-up, one signature per combination of the model's weight formats.
+    return {(d.py_func.__module__, d.py_func.__qualname__, str(s)) for m, mod in list(sys.modules.items())
+            if m.startswith("cpu_kernels") for d in vars(mod).values() if isinstance(d, Dispatcher)
+            if d.py_func.__module__ != "cpu_kernels.decode_block" for s in d.signatures}
 
 ws = open_weights(EngineArgs().resolved_model())
 warm_formats(types={ws.info(n).ggml_type for n in ws.names() if len(ws.info(n).shape) == 2}, bf16=True)

@@ -1,0 +1,157 @@
+"""The fused decode block (engine/model/fused_block.py -> cpu_kernels/decode_block.py) gives exactly the bits of
+the block's parts called one by one (logits and KV cache), and steps aside where it does not apply."""
+from __future__ import annotations
+
+import dataclasses
+
+import gguf
+import numpy as np
+import pytest
+
+from cpu_kernels.quant.threads import num_threads
+from engine.model import fused_block
+from engine.model.gguf_export import write_gguf
+from engine.model.loader import load_model
+from engine.model.weights import open_weights
+from engine.runner import ModelRunner, SeqChunk
+from tests.model.tiny_models import tiny_model
+
+Q = gguf.GGMLQuantizationType
+
+# Per tensor-name part, its format; the layouts differ in how q/k/v group into stacked matmuls.
+LAYOUTS = {
+    "qkv stacked": {},
+    "q|k stacked, v own": {"attn_q.": Q.Q4_K, "attn_k.": Q.Q4_K, "attn_v.": Q.Q8_0, "ffn_down.": Q.Q6_K},
+    "q own, k|v stacked": {"attn_q.": Q.Q8_0, "attn_k.": Q.Q4_K, "attn_v.": Q.Q4_K},
+    "all own": {"attn_q.": Q.Q8_0, "attn_k.": Q.Q4_K, "attn_v.": Q.Q5_0, "attn_output.": Q.Q6_K},
+}
+
+
+def _pick(layout):
+    def pick(name, shape):
+        if len(shape) < 2 or not name.endswith(".weight"):
+            return Q.F32
+        return next((q for part, q in layout.items() if part in name), Q.Q5_0)
+    return pick
+
+
+@pytest.fixture(scope="module", params=[(a, lay) for a in ("gemma3", "llama", "qwen3") for lay in LAYOUTS],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def model(request, tmp_path_factory):
+    arch, layout = request.param
+    folder = tmp_path_factory.mktemp(arch)
+    tiny_model(arch).save_pretrained(folder, safe_serialization=True)
+    ws = open_weights(str(folder))
+    tensors = {n: np.asarray(ws.raw(n), dtype=np.float32) for n in ws.names()}
+    path = str(folder / "model.gguf")
+    write_gguf(path, ws.config, tensors, _pick(LAYOUTS[layout]))
+    return load_model(path)[0]
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many blocks ran fused: the real block_step, counted."""
+    n = [0]
+    real = fused_block.block_step
+
+    def counted(*args):
+        n[0] += 1
+        return real(*args)
+    monkeypatch.setattr(fused_block, "block_step", counted)
+    return n
+
+
+def _set_fused(model, on: bool, monkeypatch):
+    monkeypatch.setenv("RAMLM_FUSED_BLOCKS", "1" if on else "0")
+    for b in model.blocks:
+        b._fused.args = None  # rebuilt at the next call under the new setting
+
+
+PROMPTS = [[5, 17, 99, 3, 250, 42, 7, 8, 9, 200, 13, 77, 31], [1, 2, 3, 4, 5, 6, 7], [9, 8, 7, 6, 5]]
+
+
+def _run(model, steps, kv="fp16"):
+    """Prompts prefilled together, then `steps` decode steps of every sequence; logits and caches."""
+    runner = ModelRunner(model, num_blocks=80, block_size=16, kv_cache_dtype=kv)
+    seqs = [list(p) for p in PROMPTS] + [[11 + i, 3] for i in range(15)]  # 18 sequences: rows past PAR_MIN_ROWS
+    blocks = [(1 + 2 * s, 2 + 2 * s) for s in range(len(seqs))]
+    out = runner.execute([SeqChunk(tuple(p), 0, blocks[s], "all") for s, p in enumerate(seqs)])
+    pos = [len(p) for p in seqs]
+    nxt = [int(np.argmax(o[-1])) for o in out]
+    for step in range(steps):
+        run = range(3) if step % 2 else range(len(seqs))  # alternate 3-row and 18-row steps
+        out = runner.execute([SeqChunk((nxt[s],), pos[s], blocks[s], "last") for s in run])
+        for s, o in zip(run, out):
+            pos[s], nxt[s] = pos[s] + 1, int(np.argmax(o[-1]))
+    return out, runner.kv_caches
+
+
+@pytest.mark.parametrize("kv", ["fp16", "fp32"])
+def test_fused_block_is_bitwise_the_parts(model, calls, monkeypatch, kv):
+    _set_fused(model, False, monkeypatch)
+    plain, plain_kv = _run(model, 4, kv)
+    assert calls[0] == 0
+    _set_fused(model, True, monkeypatch)
+    before = num_threads()
+    fused, fused_kv = _run(model, 4, kv)
+    assert calls[0] >= 4 * len(model.blocks)  # the decode steps and the short prompt chunks ran fused
+    assert num_threads() == before
+    for a, b in zip(plain, fused):
+        np.testing.assert_array_equal(a, b)
+    for (k0, v0), (k1, v1) in zip(plain_kv, fused_kv):
+        np.testing.assert_array_equal(k0, k1)
+        np.testing.assert_array_equal(v0, v1)
+
+
+def test_fused_block_on_one_thread_when_every_kernel_is_small(model, calls, monkeypatch):
+    """A busy machine's bar (here forced) puts every kernel on one thread; bits and thread count unchanged."""
+    _set_fused(model, False, monkeypatch)
+    plain, _ = _run(model, 2)
+    _set_fused(model, True, monkeypatch)
+    monkeypatch.setenv("RAMLM_SERIAL_WORK", str(1 << 40))
+    monkeypatch.setitem(fused_block.serial_work.__globals__["_state"], "checked", -1.0)
+    before = num_threads()
+    fused, _ = _run(model, 2)
+    monkeypatch.setitem(fused_block.serial_work.__globals__["_state"], "checked", -1.0)
+    assert calls[0] > 0 and num_threads() == before
+    for a, b in zip(plain, fused):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_long_prefill_chunk_runs_the_parts(model, calls, monkeypatch):
+    """A chunk longer than GEMV_MAX_M takes the dense prefill path: the fused block steps aside."""
+    _set_fused(model, True, monkeypatch)
+    runner = ModelRunner(model, num_blocks=20, block_size=16, kv_cache_dtype="fp32")
+    runner.execute([SeqChunk(tuple(range(1, 41)), 0, (1, 2, 3), "last")])
+    assert calls[0] == 0
+    runner.execute([SeqChunk((7,), 40, (1, 2, 3), "last")])
+    assert calls[0] == len(model.blocks)
+
+
+def test_a_replaced_part_turns_the_fused_block_off(model, calls, monkeypatch):
+    """The offload layer may swap a part after load: the block then runs its parts, with the new one."""
+    _set_fused(model, True, monkeypatch)
+    block = model.blocks[0]
+    runner = ModelRunner(model, num_blocks=20, block_size=16, kv_cache_dtype="fp32")
+    runner.execute([SeqChunk((1, 2, 3), 0, (1,), "last")])
+    n = calls[0]
+    assert n == len(model.blocks)
+    replacement = block.attn.o.__class__.__new__(block.attn.o.__class__)
+    replacement.__dict__.update(block.attn.o.__dict__)
+    monkeypatch.setattr(block.attn, "o", replacement)
+    runner.execute([SeqChunk((4,), 3, (1,), "last")])
+    assert calls[0] == n + len(model.blocks) - 1
+    assert block._fused.args is False
+
+
+def test_an_error_inside_restores_the_thread_count(model, monkeypatch):
+    _set_fused(model, True, monkeypatch)
+    runner = ModelRunner(model, num_blocks=4, block_size=16, kv_cache_dtype="fp32")
+    runner.execute([SeqChunk((1, 2), 0, (1,), "last")])
+    before = num_threads()
+    meta = runner.build_batch([SeqChunk((3,), 2, (1,), "last")])
+    bad = dataclasses.replace(meta, slot_mapping=np.array([10 ** 6], np.int64))
+    x = model.embed_tokens(bad.input_ids)
+    with pytest.raises(ValueError):
+        model.blocks[0](x, bad, runner.kv_caches[0])
+    assert num_threads() == before
