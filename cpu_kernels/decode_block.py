@@ -51,8 +51,8 @@ def block_step(x, nw, eps, gemvs, dims, nbytes, layout, qk_w, attn_f, window, co
     nw: (attn_norm, post_attn_norm, ffn_norm, post_ffn_norm) f32 weights, (0,) where the block has none;
     eps: their four eps. gemvs: packed weights (packed.packed) of (q's group, k's group, v's group, o,
     gate|up stacked, down); dims and nbytes: their output widths and bytes. layout: (k_src, v_src, q0, k0,
-    v0, num_heads, act, neox): k_src 1 = k's columns are in q's group's output; v_src 1 = in q's, 2 = in k's,
-    0 = v's own; q0/k0/v0 the parts' first columns. qk_w: QK-norm weights ((0,): none); attn_f: (q_eps,
+    v0, num_heads, act, neox, gate0, up0): k_src 1 = k's columns are in q's group's output; v_src 1 = in q's,
+    2 = in k's, 0 = v's own; q0/k0/v0 the parts' first columns; gate0/up0 those of gate and up (0 and F). qk_w: QK-norm weights ((0,): none); attn_f: (q_eps,
     k_eps, scale, softcap). The rest as paged_attention and attn_inputs take them; bar is
     threads.serial_work() of the step. The caller restores its thread count if this raises.
     """
@@ -61,7 +61,7 @@ def block_step(x, nw, eps, gemvs, dims, nbytes, layout, qk_w, attn_f, window, co
     pq, pk, pv, po, pgu, pdn = gemvs
     nq, nk, nv, no_, ngu, ndn = dims
     bq, bk, bv, bo, bgu, bdn = nbytes
-    k_src, v_src, q0, k0, v0, hq, act, neox = layout
+    k_src, v_src, q0, k0, v0, hq, act, neox, gate0, up0 = layout
 
     set_threads(nt if T < norms.PAR_MIN_ROWS else _small(x.nbytes, bar, nt))
     h = rms_norm(x, nw[0], eps[0])
@@ -91,8 +91,8 @@ def block_step(x, nw, eps, gemvs, dims, nbytes, layout, qk_w, attn_f, window, co
 
     gu = _gemv(pgu, ngu, bgu, h, bar, nt)
     set_threads(_small(gu.nbytes, bar, nt))
-    f = ngu // 2
-    g = _gelu_tanh_mul(gu, 0, gu, f, f) if act == ACT_GELU_TANH else _silu_mul(gu, 0, gu, f, f)
+    f = up0 - gate0  # runtime offsets, not literal 0 and f: those would compile the kernels a second time
+    g = _gelu_tanh_mul(gu, gate0, gu, up0, f) if act == ACT_GELU_TANH else _silu_mul(gu, gate0, gu, up0, f)
     d = _gemv(pdn, ndn, bdn, g, bar, nt)
     x, _ = _add_norm(x, d, nw[3], nw[3][:0], eps[3], 0.0, bar, nt)
     set_threads(nt)

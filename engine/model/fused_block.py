@@ -96,7 +96,7 @@ class FusedBlock:
         gemvs = tuple(packed(lin.weight) for lin in lins)
         dims = tuple(int(lin.weight.N) for lin in lins)
         nbytes = tuple(int(lin.weight.nbytes) for lin in lins)
-        layout = (*qkv[1], int(attn.num_heads), _ACTS[mlp.act], int(bool(attn.neox)))
+        layout = (*qkv[1], int(attn.num_heads), _ACTS[mlp.act], int(bool(attn.neox)), lo0, lo1)
         return nw, eps, gemvs, dims, nbytes, layout, qk_w, attn_f, int(attn.sliding_window or 0)
 
 
