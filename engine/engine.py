@@ -13,6 +13,7 @@ import numpy as np
 from engine.args import EngineArgs
 from engine.detokenizer import IncrementalDetokenizer, fill_decoded_tokens
 from engine.kv_cache import KVCacheManager
+from engine.model import fused_compile
 from engine.outputs import RequestOutput
 from engine.req_state import ChildState, ParentState
 from engine.request import Request
@@ -201,6 +202,8 @@ class LLMEngine:
             if lp:
                 self._prompt_logprobs(self.children[s.req_id], s.start_pos, h)
         sampled = self._sample(so.scheduled, hidden)
+        if sampled and fused_compile.pending():
+            fused_compile.start_pending()  # after a first token, not before it (fused_compile's docstring)
         self.num_prompt_tokens += sum(len(s.token_ids) for s in so.scheduled if not s.sample or
                                       s.start_pos + len(s.token_ids) <= self.children[s.req_id].request.num_prompt_tokens)
         finished = {req.request_id: reason for req, reason in self.scheduler.update_from_output(so, sampled)}

@@ -11,7 +11,7 @@ from cpu_kernels.decode_block import ACT_GELU_TANH, ACT_SILU, block_step
 from cpu_kernels.quant.linear import GEMV_MAX_M
 from cpu_kernels.quant.packed import PACKED, packed
 from cpu_kernels.quant.threads import _raw_setters, serial_work
-from engine.model import layers
+from engine.model import fused_compile, layers
 from engine.model.layers import Attention, GatedMLP, rope_table
 
 _NONE = np.empty(0, np.float32)
@@ -32,10 +32,12 @@ class FusedBlock:
         self.post_attn_norm, self.post_ffn_norm = post_attn_norm, post_ffn_norm
         self.args = None  # built lazily; False when the block does not qualify
         self._kv_id, self._kv = None, None
+        self._sig, self._compiled = None, False
 
     def run(self, x: np.ndarray, meta, kv) -> np.ndarray | None:
         if self.args is None:
             self.args = self._build() if enabled() else False
+            self._sig, self._compiled = None, False
         if not self.args or not self._step_qualifies(x):
             return None
         if not self._parts_unchanged():
@@ -46,10 +48,16 @@ class FusedBlock:
         attn = self.block.attn
         cos, sin = rope_table(meta, attn.inv_freq, attn.mscale)
         get, put = _raw_setters()  # also launches the pool, whose symbols block_step links to
+        args = (x, *self.args, cos, sin, *self._kv, meta.slot_mapping, meta.query_start_loc, meta.seq_lens,
+                meta.block_tables, meta.max_seq_len, serial_work())
+        if not self._compiled:
+            self._sig = self._sig or fused_compile.signature(args)
+            self._compiled = fused_compile.ready(self._sig)
+            if not self._compiled:
+                return None  # compiling in the background: the parts run meanwhile
         prev = get()
         try:
-            return block_step(x, *self.args, cos, sin, *self._kv, meta.slot_mapping, meta.query_start_loc,
-                              meta.seq_lens, meta.block_tables, meta.max_seq_len, serial_work())
+            return block_step(*args)
         except Exception:
             put(prev)
             raise

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cpu_kernels.quant.threads import num_threads
-from engine.model import fused_block
+from engine.model import fused_block, fused_compile
 from engine.model.gguf_export import write_gguf
 from engine.model.loader import load_model
 from engine.model.weights import open_weights
@@ -48,6 +48,12 @@ def model(request, tmp_path_factory):
     m = load_model(path)[0]
     m.test_kv = "fp32" if layout == "all own" else "fp16"  # both cache dtypes, without running every case twice
     return m
+
+
+@pytest.fixture(autouse=True)
+def compile_at_once(monkeypatch):
+    """The fused path from the first call: its signatures compile on the calling thread, not in the background."""
+    monkeypatch.setattr(fused_compile, "BACKGROUND", False)
 
 
 @pytest.fixture
@@ -157,3 +163,23 @@ def test_an_error_inside_restores_the_thread_count(model, monkeypatch):
     with pytest.raises(ValueError):
         model.blocks[0](x, bad, runner.kv_caches[0])
     assert num_threads() == before
+
+
+def test_a_new_signature_compiles_in_the_background(model, calls, monkeypatch, tmp_path):
+    """Uncached (no marker): the steps run the parts until block_step has compiled in the background."""
+    monkeypatch.setattr(fused_compile, "BACKGROUND", True)
+    monkeypatch.setattr(fused_compile, "CACHE_DIR", str(tmp_path))  # no markers here
+    monkeypatch.setattr(fused_compile, "_state", {})
+    monkeypatch.setattr(fused_compile, "_wanted", {})
+    _set_fused(model, True, monkeypatch)
+    runner = ModelRunner(model, num_blocks=4, block_size=16, kv_cache_dtype="fp32")
+    runner.execute([SeqChunk((1, 2), 0, (1,), "last")])
+    assert calls[0] == 0 and fused_compile.pending()  # noted, not compiling: the engine starts it after a token
+    runner.execute([SeqChunk((3,), 2, (1,), "last")])
+    assert calls[0] == 0
+    fused_compile.start_pending()
+    fused_compile.wait()
+    assert not fused_compile.pending()
+    runner.execute([SeqChunk((4,), 3, (1,), "last")])
+    assert calls[0] == len(model.blocks)
+    assert any(p.name.startswith("fused-block-") for p in tmp_path.iterdir())

@@ -1,0 +1,86 @@
+"""block_step's signatures (one per combination of a model's weight formats) compiled off the critical path.
+
+A signature takes ~10 s to compile (the block's kernels are optimized again inside it): compiled at the engine's
+warm-up on a fresh cache it put the first token at 68 s (38 s without), and compiled on a thread from the warm-up
+on it still cost 10-14 s (the main thread's own compiles after the warm-up waited for Numba's compiler lock). So
+a signature first seen is only noted; the engine starts its compile on a background thread once a request has
+sampled a token (start_pending), and the blocks run their kernels one by one until it is ready. A marker file in
+the JIT cache folder then says it is cached, and later processes load it at once (the engine's warm-up). Exit
+waits for a compile under way, so that its machine code reaches the cache."""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import threading
+
+from cpu_kernels import CACHE_DIR
+from cpu_kernels.decode_block import block_step
+
+BACKGROUND = True  # False: compile on the calling thread (tests that need the fused path at once)
+_state: dict[str, object] = {}  # signature key -> "wanted", "ready", "failed" or the compiling Thread
+_wanted: dict[str, tuple] = {}  # signatures noted, not compiling yet
+
+
+def signature(args) -> tuple:
+    """block_step's Numba signature for these arguments."""
+    return tuple(block_step.typeof_pyval(a) for a in args)
+
+
+def ready(sig: tuple) -> bool:
+    """Whether block_step runs sig now: cached ones load; uncached ones are noted for start_pending (False)."""
+    key = hashlib.sha256(str(sig).encode()).hexdigest()[:16]
+    state = _state.get(key)
+    if state is not None:
+        return state == "ready"
+    if not BACKGROUND or os.path.exists(_marker(key)):
+        _compile(key, sig)  # a cached signature: a load of ~20 ms
+        return _state[key] == "ready"
+    _state[key] = "wanted"
+    _wanted[key] = sig
+    return False
+
+
+def pending() -> bool:
+    """Whether signatures wait for start_pending."""
+    return bool(_wanted)
+
+
+def start_pending() -> None:
+    """Starts compiling, on one background thread, the signatures noted so far."""
+    if not _wanted:
+        return
+    todo = list(_wanted.items())
+    _wanted.clear()
+    thread = threading.Thread(target=lambda: [_compile(k, s) for k, s in todo], name="ramlm-fused-compile",
+                              daemon=True)
+    for key, _ in todo:
+        _state[key] = thread
+    thread.start()
+    atexit.register(thread.join)
+
+
+def wait() -> None:
+    """Blocks until every compile under way has finished."""
+    for state in list(_state.values()):
+        if isinstance(state, threading.Thread):
+            state.join()
+
+
+def _marker(key: str) -> str:
+    return os.path.join(CACHE_DIR, f"fused-block-{key}")
+
+
+def _compile(key: str, sig: tuple) -> None:
+    try:
+        block_step.compile(sig)
+    except Exception:  # the blocks keep running their kernels one by one
+        _state[key] = "failed"
+        return
+    _state[key] = "ready"
+    try:
+        os.makedirs(CACHE_DIR, exist_ok=True)
+        with open(_marker(key), "w"):
+            pass
+    except OSError:
+        pass
