@@ -20,6 +20,7 @@ from cpu_kernels.decode_block import block_step
 BACKGROUND = True  # False: compile on the calling thread (tests that need the fused path at once)
 _state: dict[str, object] = {}  # signature key -> "wanted", "ready", "failed" or the compiling Thread
 _wanted: dict[str, tuple] = {}  # signatures noted, not compiling yet
+_threads: list[threading.Thread] = []  # compiles started (wait() joins them)
 
 
 def signature(args) -> tuple:
@@ -56,15 +57,15 @@ def start_pending() -> None:
                               daemon=True)
     for key, _ in todo:
         _state[key] = thread
+    _threads.append(thread)
     thread.start()
     atexit.register(thread.join)
 
 
 def wait() -> None:
     """Blocks until every compile under way has finished."""
-    for state in list(_state.values()):
-        if isinstance(state, threading.Thread):
-            state.join()
+    for thread in list(_threads):
+        thread.join()
 
 
 def _marker(key: str) -> str:
@@ -77,10 +78,10 @@ def _compile(key: str, sig: tuple) -> None:
     except Exception:  # the blocks keep running their kernels one by one
         _state[key] = "failed"
         return
-    _state[key] = "ready"
     try:
         os.makedirs(CACHE_DIR, exist_ok=True)
         with open(_marker(key), "w"):
             pass
     except OSError:
         pass
+    _state[key] = "ready"
