@@ -75,7 +75,6 @@ class FusedBlock:
         return (b.attn is self._attn and b.mlp is self._mlp and not b.attn.qkv._replaced()
                 and not b.mlp.gate_up._replaced() and b.attn.o is self._o and b.mlp.down is self._down)
 
-
     def _build(self):
         """block_step's fixed arguments for this block, or False when a part is not what it runs."""
         block = self.block

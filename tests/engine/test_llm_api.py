@@ -71,20 +71,15 @@ def test_corrupt_model_file_raises_model_load_error(tmp_path):
 def test_engine_compiles_new_fused_blocks_after_a_first_token(llm, monkeypatch, tmp_path):
     """An uncached fused-block signature is noted at the warm-up; the engine starts its compile once a request has
     sampled a token (not before the first token), and the decode steps after it run the blocks fused."""
-    from engine.model import fused_block, fused_compile
+    from engine.model import fused_compile
+    from tests.fused_calls import count_fused_calls
     monkeypatch.setattr(fused_compile, "CACHE_DIR", str(tmp_path))  # no markers: every signature is new here
     monkeypatch.setattr(fused_compile, "_state", {})
     monkeypatch.setattr(fused_compile, "_wanted", {})
     blocks = llm.llm_engine.runner.model.blocks
     for b in blocks:
         b._fused.args = None
-    calls = [0]
-    real = fused_block.block_step
-
-    def counted(*args):
-        calls[0] += 1
-        return real(*args)
-    monkeypatch.setattr(fused_block, "block_step", counted)
+    calls = count_fused_calls(monkeypatch)
     params = SamplingParams(max_tokens=3, temperature=0)
     first = llm.generate(["The capital of France is"], params, use_tqdm=False)
     assert not fused_compile.pending()  # started after the first token

@@ -14,6 +14,7 @@ from engine.model.gguf_export import write_gguf
 from engine.model.loader import load_model
 from engine.model.weights import open_weights
 from engine.runner import ModelRunner, SeqChunk
+from tests.fused_calls import count_fused_calls
 from tests.model.tiny_models import tiny_model
 
 Q = gguf.GGMLQuantizationType
@@ -59,14 +60,7 @@ def compile_at_once(monkeypatch):
 @pytest.fixture
 def calls(monkeypatch):
     """How many blocks ran fused: the real block_step, counted."""
-    n = [0]
-    real = fused_block.block_step
-
-    def counted(*args):
-        n[0] += 1
-        return real(*args)
-    monkeypatch.setattr(fused_block, "block_step", counted)
-    return n
+    return count_fused_calls(monkeypatch)
 
 
 def _set_fused(model, on: bool, monkeypatch):
