@@ -37,9 +37,16 @@ def _gemv(p, n_out, nbytes, x, bar, nt):
 
 
 @njit(cache=True)
-def _add_norm(x, y, post_w, next_w, post_eps, next_eps, bar, nt):
-    """layers.add_and_norm: serial below norms.PAR_MIN_ROWS rows, else on one thread when x is small."""
+def _norm_threads(x, bar, nt):
+    """RMSNorm's and add_and_norm's rule: their kernels run serially below norms.PAR_MIN_ROWS rows anyway (no
+    switch), else on one thread when x is small."""
     set_threads(nt if x.shape[0] < norms.PAR_MIN_ROWS else _small(x.nbytes, bar, nt))
+
+
+@njit(cache=True)
+def _add_norm(x, y, post_w, next_w, post_eps, next_eps, bar, nt):
+    """layers.add_and_norm."""
+    _norm_threads(x, bar, nt)
     return residual_rms_norm(x, y, post_w, next_w, post_eps, next_eps)
 
 
@@ -52,9 +59,10 @@ def block_step(x, nw, eps, gemvs, dims, nbytes, layout, qk_w, attn_f, window, co
     eps: their four eps. gemvs: packed weights (packed.packed) of (q's group, k's group, v's group, o,
     gate|up stacked, down); dims and nbytes: their output widths and bytes. layout: (k_src, v_src, q0, k0,
     v0, num_heads, act, neox, gate0, up0): k_src 1 = k's columns are in q's group's output; v_src 1 = in q's,
-    2 = in k's, 0 = v's own; q0/k0/v0 the parts' first columns; gate0/up0 those of gate and up (0 and F). qk_w: QK-norm weights ((0,): none); attn_f: (q_eps,
-    k_eps, scale, softcap). The rest as paged_attention and attn_inputs take them; bar is
-    threads.serial_work() of the step. The caller restores its thread count if this raises.
+    2 = in k's, 0 = v's own; q0/k0/v0 the parts' first columns; gate0/up0 those of gate and up (0 and F).
+    qk_w: QK-norm weights ((0,): none); attn_f: (q_eps, k_eps, scale, softcap). The rest as paged_attention and
+    attn_inputs take them; bar is threads.serial_work() of the step. The caller restores its thread count if
+    this raises.
     """
     nt = get_threads()
     T = x.shape[0]
@@ -63,7 +71,7 @@ def block_step(x, nw, eps, gemvs, dims, nbytes, layout, qk_w, attn_f, window, co
     bq, bk, bv, bo, bgu, bdn = nbytes
     k_src, v_src, q0, k0, v0, hq, act, neox, gate0, up0 = layout
 
-    set_threads(nt if T < norms.PAR_MIN_ROWS else _small(x.nbytes, bar, nt))
+    _norm_threads(x, bar, nt)
     h = rms_norm(x, nw[0], eps[0])
     yq = _gemv(pq, nq, bq, h, bar, nt)
     yk = yq if k_src == 1 else _gemv(pk, nk, bk, h, bar, nt)
@@ -94,6 +102,6 @@ def block_step(x, nw, eps, gemvs, dims, nbytes, layout, qk_w, attn_f, window, co
     f = up0 - gate0  # runtime offsets, not literal 0 and f: those would compile the kernels a second time
     g = _gelu_tanh_mul(gu, gate0, gu, up0, f) if act == ACT_GELU_TANH else _silu_mul(gu, gate0, gu, up0, f)
     d = _gemv(pdn, ndn, bdn, g, bar, nt)
-    x, _ = _add_norm(x, d, nw[3], nw[3][:0], eps[3], 0.0, bar, nt)
+    x, _ = _add_norm(x, d, nw[3], nw[3][:0], eps[3], 0.0, bar, nt)  # an empty next norm: x + post_ffn(d) only
     set_threads(nt)
     return x

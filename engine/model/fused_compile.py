@@ -18,7 +18,7 @@ from cpu_kernels import CACHE_DIR
 from cpu_kernels.decode_block import block_step
 
 BACKGROUND = True  # False: compile on the calling thread (tests that need the fused path at once)
-_state: dict[str, object] = {}  # signature key -> "wanted", "ready", "failed" or the compiling Thread
+_state: dict[str, str] = {}  # signature key -> "wanted", "compiling", "ready" or "failed"
 _wanted: dict[str, tuple] = {}  # signatures noted, not compiling yet
 _threads: list[threading.Thread] = []  # compiles started (wait() joins them)
 
@@ -56,7 +56,7 @@ def start_pending() -> None:
     thread = threading.Thread(target=lambda: [_compile(k, s) for k, s in todo], name="ramlm-fused-compile",
                               daemon=True)
     for key, _ in todo:
-        _state[key] = thread
+        _state[key] = "compiling"
     _threads.append(thread)
     thread.start()
     atexit.register(thread.join)
