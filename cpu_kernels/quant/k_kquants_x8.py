@@ -19,9 +19,9 @@ from .k_kquants import q6k_group
 from .q8act import quantize_act
 from .dot import acc_i32, dpbusd7, dpbusd_acc, zero_acc
 from .wide import dpbusd16, load_bcast4x16, load_u8x64, pair_units, splat_i32x16, store16x4, unit_group
-from .simd import (CACHE, PREFETCH_AHEAD, concat, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_f32x16,
-                   load_strided4, load_u8x8, load_u8x32, muladd, pair16, prefetch, splat_i32, store, to_f32, u8_to_f32,
-                   vadd, vand, vmul, vshr, vsub, zero_f32x8, zero_f32x16)
+from .simd import (CACHE, PREFETCH_AHEAD_L2, concat, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_f32x16,
+                   load_strided4, load_u8x8, load_u8x32, muladd, pair16, prefetch_l2, splat_i32, store, to_f32,
+                   u8_to_f32, vadd, vand, vmul, vshr, vsub, zero_f32x8, zero_f32x16)
 
 
 @njit(cache=CACHE)
@@ -34,14 +34,14 @@ def group_scales(sc, mn, d, dmin, g, ns, s, j):
 
 @njit(cache=CACHE)
 def prefetch_chunk(qs, sc, mn, d, dmin, o, so):
-    """Read hints PREFETCH_AHEAD bytes past chunk o of qs, and as far ahead in the scale streams (so: the
+    """L2 read hints PREFETCH_AHEAD_L2 bytes past chunk o of qs, and as far ahead in the scale streams (so: the
     chunk's position in sc's units): their misses, not prefetched, held Q4_K at 23 GB/s from DRAM."""
     for line in range(4):
-        prefetch(qs, o + PREFETCH_AHEAD + 64 * line)
-    prefetch(sc, so + PREFETCH_AHEAD // 16)
-    prefetch(mn, so + PREFETCH_AHEAD // 16)
-    prefetch(d, so // 8 + PREFETCH_AHEAD // 128)
-    prefetch(dmin, so // 8 + PREFETCH_AHEAD // 128)
+        prefetch_l2(qs, o + PREFETCH_AHEAD_L2 + 64 * line)
+    prefetch_l2(sc, so + PREFETCH_AHEAD_L2 // 16)
+    prefetch_l2(mn, so + PREFETCH_AHEAD_L2 // 16)
+    prefetch_l2(d, so // 8 + PREFETCH_AHEAD_L2 // 128)
+    prefetch_l2(dmin, so // 8 + PREFETCH_AHEAD_L2 // 128)
 
 
 @njit(cache=CACHE)
@@ -223,10 +223,10 @@ def q6_quads(ql, qh, o, oh):
 @njit(cache=CACHE)
 def prefetch_half(ql, qh, sc, o, oh, so):
     for line in range(8):
-        prefetch(ql, o + PREFETCH_AHEAD + 64 * line)
+        prefetch_l2(ql, o + PREFETCH_AHEAD_L2 + 64 * line)
     for line in range(4):
-        prefetch(qh, oh + PREFETCH_AHEAD // 2 + 64 * line)
-    prefetch(sc, so + PREFETCH_AHEAD // 8)
+        prefetch_l2(qh, oh + PREFETCH_AHEAD_L2 // 2 + 64 * line)
+    prefetch_l2(sc, so + PREFETCH_AHEAD_L2 // 8)
 
 
 @njit(cache=CACHE)
