@@ -384,12 +384,14 @@ def test_dpbusd16_agrees_with_numpy():
 @pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 def test_two_group_passes_equal_single_rows(t):
     """From PAIR_MIN_M rows the 8-row-interleaved GEMVs run two groups per pass where the host has AVX-512 VNNI
-    (whole 16-row pairs below N, then single groups): every row is bitwise what it gives alone."""
+    (whole 16-row pairs below N, then single groups): every row is bitwise what it gives alone. Q4_K's passes read
+    the nibbles unpacked to bytes from UNPACK_MIN_M rows on: both sides of that threshold."""
+    from cpu_kernels.quant.k_kquants_x8 import UNPACK_MIN_M
     from cpu_kernels.quant.wide import PAIR_MIN_M
     K = 512
-    for N in (16, 37, 40):
+    for N, M in ((16, PAIR_MIN_M + 5), (37, UNPACK_MIN_M + 3), (40, PAIR_MIN_M + 5), (40, UNPACK_MIN_M + 3)):
         lin = QuantLinear.from_raw(t, make(t, N, K, seed=N)[1], (N, K))
-        x = np.random.default_rng(N).standard_normal((PAIR_MIN_M + 5, K)).astype(np.float32)
+        x = np.random.default_rng(N).standard_normal((M, K)).astype(np.float32)
         got = lin.matmul(x, batch_invariant=True)
         for i in range(x.shape[0]):
             np.testing.assert_array_equal(got[i], lin.matmul(x[i:i + 1])[0])
