@@ -51,7 +51,8 @@ def prefetch_chunk(qs, sc, mn, d, dmin, o, so):
 @njit(cache=CACHE)
 def q4_k_pair(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, unpack):
     """gemv_q4_k's 4-row passes over groups g and g + 1 at once (wide.py): the same integers, the same bits.
-    The groups' scales and mins are worked out once, not in every pass (M = 512: 5-8 % faster)."""
+    The groups' scales and mins are worked out once, not in every pass (M = 512: 5-8 % faster); with unpack (a
+    literal at each call, see UNPACK_MIN_M) so are the nibbles, as bytes."""
     M, K = xq.shape
     scl = np.empty(ns * 512, np.float32)  # sub-block j of super-block s: pair_scales at 32 (8 s + j), mins 16 on
     for s in range(ns):
