@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.batch import BatchMetadata
+from engine.huge_pages import small_pages, zeros_small_pages
 
 KV_DTYPES = {"auto": np.float16, "fp16": np.float16, "float16": np.float16, "fp32": np.float32,
              "float32": np.float32}
@@ -35,7 +36,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         dtype = KV_DTYPES[kv_cache_dtype]
         shape = model.kv_cache_shape(num_blocks, block_size)
-        self.kv_caches = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(model.config.num_layers)]
+        kv = [(zeros_small_pages(shape, dtype), zeros_small_pages(shape, dtype)) for _ in range(model.config.num_layers)]
+        self.kv_caches = kv  # touched block by block while serving, so in small pages: huge_pages.py
 
     @staticmethod
     def kv_bytes_per_block(config, block_size: int, kv_cache_dtype: str = "auto") -> int:
@@ -75,7 +77,8 @@ class ModelRunner:
         """Runs one forward pass; returns per chunk the hidden rows its `logits` asks for, or None.
         The engine turns them into logits in slices (a 512-row prompt x 262k vocab is 512 MB)."""
         meta = self.build_batch(chunks)
-        hidden = self.model.forward(meta, self.kv_caches)
+        with small_pages():  # a step's arrays: huge_pages.py
+            hidden = self.model.forward(meta, self.kv_caches)
         rows = hidden[meta.logits_indices]
         out, r = [], 0
         for c in chunks:
@@ -85,7 +88,8 @@ class ModelRunner:
         return out
 
     def compute_logits(self, hidden_rows: np.ndarray, per_row: bool = False) -> np.ndarray:
-        return self.model.compute_logits(hidden_rows, per_row=per_row)
+        with small_pages():
+            return self.model.compute_logits(hidden_rows, per_row=per_row)
 
     def execute(self, chunks: list[SeqChunk]) -> list[np.ndarray | None]:
         """Runs one forward pass; returns per chunk its logits rows (1 or n rows) or None."""
