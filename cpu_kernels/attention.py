@@ -24,7 +24,8 @@ from numba import njit, prange
 from cpu_kernels.activations import exp_f32, tanh_f32
 from cpu_kernels.f16 import _encode, _load_f32
 from cpu_kernels.quant.threads import num_threads
-from cpu_kernels.vec16 import _vadd, _vhmax, _vhsum, _vload, _vmask, _vmax, _vmuladd, _vstore, _vzero
+from cpu_kernels.vec16 import (_vadd, _vhmax, _vhsum, _vhsum4_store, _vload, _vmask, _vmax, _vmuladd, _vstore,
+                               _vzero)
 
 _JIT = dict(cache=True, error_model="numpy")
 _F0 = np.float32(0.0)
@@ -108,13 +109,11 @@ def _qk4x4(qbuf, v, kbuf, j, sc):
         a20, a21, a22, a23 = _vmuladd(a20, x, k_0), _vmuladd(a21, x, k_1), _vmuladd(a22, x, k_2), _vmuladd(a23, x, k_3)
         x = _vload(qbuf, q0 + 3 * Dp + c)
         a30, a31, a32, a33 = _vmuladd(a30, x, k_0), _vmuladd(a31, x, k_1), _vmuladd(a32, x, k_2), _vmuladd(a33, x, k_3)
-    sc[v, j], sc[v, j + 1], sc[v, j + 2], sc[v, j + 3] = _vhsum(a00), _vhsum(a01), _vhsum(a02), _vhsum(a03)
-    sc[v + 1, j], sc[v + 1, j + 1], sc[v + 1, j + 2], sc[v + 1, j + 3] = \
-        _vhsum(a10), _vhsum(a11), _vhsum(a12), _vhsum(a13)
-    sc[v + 2, j], sc[v + 2, j + 1], sc[v + 2, j + 2], sc[v + 2, j + 3] = \
-        _vhsum(a20), _vhsum(a21), _vhsum(a22), _vhsum(a23)
-    sc[v + 3, j], sc[v + 3, j + 1], sc[v + 3, j + 2], sc[v + 3, j + 3] = \
-        _vhsum(a30), _vhsum(a31), _vhsum(a32), _vhsum(a33)
+    W = sc.shape[1]
+    _vhsum4_store(a00, a01, a02, a03, sc, v * W + j)
+    _vhsum4_store(a10, a11, a12, a13, sc, (v + 1) * W + j)
+    _vhsum4_store(a20, a21, a22, a23, sc, (v + 2) * W + j)
+    _vhsum4_store(a30, a31, a32, a33, sc, (v + 3) * W + j)
 
 
 @njit(**_JIT)
@@ -129,7 +128,7 @@ def _qk1x4(qbuf, v, kbuf, j, sc):
         a1 = _vmuladd(a1, x, _vload(kbuf, k0 + Dp + c))
         a2 = _vmuladd(a2, x, _vload(kbuf, k0 + 2 * Dp + c))
         a3 = _vmuladd(a3, x, _vload(kbuf, k0 + 3 * Dp + c))
-    sc[v, j], sc[v, j + 1], sc[v, j + 2], sc[v, j + 3] = _vhsum(a0), _vhsum(a1), _vhsum(a2), _vhsum(a3)
+    _vhsum4_store(a0, a1, a2, a3, sc, v * sc.shape[1] + j)
 
 
 @njit(**_JIT)

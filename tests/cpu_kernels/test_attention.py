@@ -10,6 +10,7 @@ from numba import njit
 
 from cpu_kernels import attention as A
 from cpu_kernels import f16 as F
+from cpu_kernels.vec16 import _vhsum, _vhsum4_store, _vload
 
 
 # ---------------------------------------------------------------- float16 conversions
@@ -226,3 +227,23 @@ def test_rows_invariant_to_chunking_and_threads(hq, hkv, bs):
     finally:
         numba.set_num_threads(threads)
     assert all(np.array_equal(o, whole[44:]) for o in outs)
+
+
+@njit
+def _sums_both_ways(x):
+    """Each row's lane sum by _vhsum, and by _vhsum4_store four rows at a time."""
+    one, four = np.empty(x.shape[0], np.float32), np.empty(x.shape[0], np.float32)
+    for r in range(0, x.shape[0], 4):
+        a, b, c, d = _vload(x, r * 16), _vload(x, r * 16 + 16), _vload(x, r * 16 + 32), _vload(x, r * 16 + 48)
+        one[r], one[r + 1], one[r + 2], one[r + 3] = _vhsum(a), _vhsum(b), _vhsum(c), _vhsum(d)
+        _vhsum4_store(a, b, c, d, four, r)
+    return one, four
+
+
+def test_four_lane_sums_at_once_give_the_halving_trees_bits():
+    # Magnitudes 1e-8..1e8 mixed: any other order of the additions rounds differently somewhere.
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((4096, 16)) * 10.0 ** rng.integers(-8, 9, (4096, 16))).astype(np.float32)
+    one, four = _sums_both_ways(x)
+    assert one.view(np.uint32).tolist() == four.view(np.uint32).tolist()
+    assert not np.array_equal(one, x.sum(axis=1, dtype=np.float32))  # the order does matter for these inputs
