@@ -55,4 +55,6 @@ def zeros_small_pages(shape, dtype) -> np.ndarray:
     n = int(np.prod(shape)) * dtype.itemsize
     if n == 0:
         return np.zeros(shape, dtype)
-    return np.frombuffer(mmap.mmap(-1, n), dtype).reshape(shape)  # the array holds the mapping while it lives
+    private = getattr(mmap, "MAP_PRIVATE", None)  # POSIX: private, not shared (shmem) anonymous memory
+    m = mmap.mmap(-1, n) if private is None else mmap.mmap(-1, n, flags=private | mmap.MAP_ANONYMOUS)
+    return np.frombuffer(m, dtype).reshape(shape)  # the array holds the mapping while it lives

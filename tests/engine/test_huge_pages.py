@@ -33,6 +33,16 @@ def _thp_eligible(a: np.ndarray) -> bool:
     raise AssertionError("no mapping holds the array")
 
 
+def _mapping_perms(a: np.ndarray) -> str:
+    """The rwxp/rwxs field of the mapping holding a's middle byte."""
+    addr = a.ctypes.data + a.nbytes // 2
+    for line in open("/proc/self/maps"):
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= addr < hi:
+            return line.split()[1]
+    raise AssertionError("no mapping holds the array")
+
+
 def test_hint_off_inside_and_restored_after_an_error():
     before = huge_page_hint()
     with pytest.raises(RuntimeError):
@@ -67,3 +77,4 @@ def test_engine_keeps_huge_pages_for_weights_only():
     biggest = max(runner.model.lm_head.weight.packed, key=lambda a: a.nbytes)
     assert _thp_eligible(biggest)  # the 262144-row output matrix, read whole at every step
     assert not any(_thp_eligible(a) for pair in runner.kv_caches for a in pair)
+    assert all(_mapping_perms(a) == "rw-p" for pair in runner.kv_caches for a in pair)  # private, not shmem
