@@ -1,13 +1,13 @@
 """Transparent huge pages for the weights only.
 
-numpy asks the kernel for huge pages (madvise MADV_HUGEPAGE) for every array of 4 MiB or more. For the weights,
-read whole at every decode step, that is worth keeping: a Q4_K 28672x4096 GEMV from DRAM ran 30-40 GB/s in huge
-pages against 29-32 in 4 KiB ones. For the arrays a step allocates (a 512-token prompt's activations, 8 MB each)
-and for the KV cache (touched block by block as prompts arrive) it is not: on a host whose memory is fragmented
-each first-touched huge page may wait for the kernel to compact memory (single faults took ~20 ms here), and the
-first 512-token prefill of a process took 470-545 ms against 345 with the hint off (later prefills reuse the
-memory either way). So the runner takes its cache from `zeros_small_pages` and runs its steps inside
-`small_pages()`.
+numpy asks the kernel for huge pages (madvise MADV_HUGEPAGE) for every array of 4 MiB or more. For the weights, read
+whole at every decode step, that is worth keeping: a Q4_K 28672x4096 GEMV from DRAM ran 30-40 GB/s in huge pages
+against 29-32 in 4 KiB ones. For the arrays a step allocates (a 512-token prompt's activations, 8 MB each) and for
+the KV cache (touched block by block as prompts arrive) it is not: on a host whose memory is fragmented each
+first-touched huge page may wait for the kernel to compact memory (calls that first touched cache pages took ~20 ms
+against 0.5 later), and the first 512-token prefill of a process took 470-545 ms against 345 with the hint off
+(later prefills reuse the memory either way). So the runner takes its cache from `zeros_small_pages` and runs its
+steps inside `small_pages()`.
 """
 from __future__ import annotations
 
@@ -45,7 +45,6 @@ def huge_page_hint() -> bool:
     before = _set_madvise_hugepage(False)
     _set_madvise_hugepage(before)
     return bool(before)
-
 
 
 def zeros_small_pages(shape, dtype) -> np.ndarray:

@@ -36,8 +36,9 @@ class ModelRunner:
         self.num_blocks = num_blocks
         dtype = KV_DTYPES[kv_cache_dtype]
         shape = model.kv_cache_shape(num_blocks, block_size)
-        kv = [(zeros_small_pages(shape, dtype), zeros_small_pages(shape, dtype)) for _ in range(model.config.num_layers)]
-        self.kv_caches = kv  # touched block by block while serving, so in small pages: huge_pages.py
+        # touched block by block while serving, so in small pages: huge_pages.py
+        self.kv_caches = [(zeros_small_pages(shape, dtype), zeros_small_pages(shape, dtype))
+                          for _ in range(model.config.num_layers)]
 
     @staticmethod
     def kv_bytes_per_block(config, block_size: int, kv_cache_dtype: str = "auto") -> int:
