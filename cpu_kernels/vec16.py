@@ -67,6 +67,11 @@ def _vzero(typingctx):
     return _f32x16(), codegen
 
 
+def _shuf(builder, a, b, idx):
+    """Lanes idx of a and b side by side (LLVM's shufflevector with a constant mask)."""
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
+
+
 def _has_fma() -> bool:
     if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
         return bool(llvm_binding.get_host_cpu_features().get("fma", False))
@@ -86,9 +91,7 @@ def _vmuladd(typingctx, acc, a, b):
     def codegen(context, builder, sig, args):
         vacc, va, vb = args
         if sig.args[2] != _f32x16:
-            s = context.cast(builder, vb, sig.args[2], types.float32)
-            vb = builder.insert_element(ir.Constant(_VT, ir.Undefined), s, ir.Constant(_I32, 0))
-            vb = builder.shuffle_vector(vb, vb, ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+            vb = _splat_f(builder, context.cast(builder, vb, sig.args[2], types.float32))
         if _FUSED:
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VT, [_VT, _VT, _VT]),
                                                  "llvm.fma.v16f32")
@@ -113,14 +116,8 @@ def _halving(builder, x, op):
     n = 16
     while n > 1:
         h = n // 2
-        lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h))))
-        hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, h), list(range(h, n))))
-        x, n = op(lo, hi), h
+        x, n = op(_shuf(builder, x, x, list(range(h))), _shuf(builder, x, x, list(range(h, n)))), h
     return builder.extract_element(x, ir.Constant(_I32, 0))
-
-
-def _shuf(builder, a, b, idx):
-    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
 
 
 @intrinsic
@@ -150,7 +147,7 @@ def _vhsum4_store(typingctx, a, b, c, d, arr, idx):
 
 def _splat_f(builder, s):
     v = builder.insert_element(ir.Constant(_VT, ir.Undefined), s, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 16), [0] * 16))
+    return _shuf(builder, v, v, [0] * 16)
 
 
 @intrinsic
