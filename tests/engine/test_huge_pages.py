@@ -20,27 +20,22 @@ def _thp_mode() -> str:
     return m.group(1) if m else ""
 
 
-def _thp_eligible(a: np.ndarray) -> bool:
-    """THPeligible of the mapping holding a's middle byte (numpy hints from the first page boundary on)."""
-    addr, inside = a.ctypes.data + a.nbytes // 2, False
+def _mapping(a: np.ndarray) -> tuple[str, bool]:
+    """(perms, THPeligible) of the mapping holding a's middle byte (numpy hints from the first page boundary on),
+    from /proc/self/smaps."""
+    addr, perms = a.ctypes.data + a.nbytes // 2, None
     for line in open("/proc/self/smaps"):
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= addr < hi
-        elif inside and head == "THPeligible:":
-            return line.split()[1] == "1"
+        head = line.split()
+        if "-" in head[0] and not head[0].endswith(":"):
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            perms = head[1] if lo <= addr < hi else None
+        elif perms and head[0] == "THPeligible:":
+            return perms, head[1] == "1"
     raise AssertionError("no mapping holds the array")
 
 
-def _mapping_perms(a: np.ndarray) -> str:
-    """The rwxp/rwxs field of the mapping holding a's middle byte."""
-    addr = a.ctypes.data + a.nbytes // 2
-    for line in open("/proc/self/maps"):
-        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-        if lo <= addr < hi:
-            return line.split()[1]
-    raise AssertionError("no mapping holds the array")
+def _thp_eligible(a: np.ndarray) -> bool:
+    return _mapping(a)[1]
 
 
 def test_hint_off_inside_and_restored_after_an_error():
@@ -77,4 +72,4 @@ def test_engine_keeps_huge_pages_for_weights_only():
     biggest = max(runner.model.lm_head.weight.packed, key=lambda a: a.nbytes)
     assert _thp_eligible(biggest)  # the 262144-row output matrix, read whole at every step
     assert not any(_thp_eligible(a) for pair in runner.kv_caches for a in pair)
-    assert all(_mapping_perms(a) == "rw-p" for pair in runner.kv_caches for a in pair)  # private, not shmem
+    assert all(_mapping(a)[0] == "rw-p" for pair in runner.kv_caches for a in pair)  # private, not shmem
