@@ -22,10 +22,12 @@ import numpy as np
 from numba import njit, prange
 
 from cpu_kernels.activations import exp_f32, tanh_f32
+from cpu_kernels import attention_bf16 as B16
+from cpu_kernels.bf16x32 import _bround, _bstore
 from cpu_kernels.f16 import _encode, _load_f32
 from cpu_kernels.quant.threads import num_threads
-from cpu_kernels.vec16 import (_vadd, _vhmax, _vhsum, _vhsum4_store, _vload, _vmask, _vmax, _vmuladd, _vstore,
-                               _vzero)
+from cpu_kernels.vec16 import (_vadd, _vexp, _vhmax, _vhsum, _vhsum4_store, _vload, _vmask, _vmax, _vmul, _vmuladd,
+                               _vstore, _vsub, _vzero)
 
 _JIT = dict(cache=True, error_model="numpy")
 _F0 = np.float32(0.0)
@@ -176,19 +178,114 @@ def _pv1(acc, v, p, vbuf, n):
         _vstore(acc, a0 + c + 16, x1)
 
 
+@njit(**_JIT)
+def _load_block(k_cache, v_cache, blk, kvh, n, kbuf, vbuf):
+    """The first n keys and values of a cache block for kv head kvh, as float32 rows of kbuf and vbuf."""
+    D = k_cache.shape[3]
+    for jj in range(n):  # row slices: indices from range(D) vectorize (see write_kv)
+        kr, kd = k_cache[blk, jj, kvh], kbuf[jj]
+        for d in range(D):
+            kd[d] = _load_f32(kr[d])
+    for jj in range(n):
+        vr, vd = v_cache[blk, jj, kvh], vbuf[jj]
+        for d in range(D):
+            vd[d] = _load_f32(vr[d])
+
+
+@njit(**_JIT)
+def _block_weights(sc, v, n, ja, jb, scale, softcap, m, l, acc):
+    """Query vector v's scores sc[v, :n] of one block -> softmax weights: keys ja..jb-1 are the row's, the rest
+    get exactly 0; the block is folded into the running max m[v] and sum l[v] (acc[v] rescaled when m grows)."""
+    W, Dp = sc.shape[1], acc.shape[1]
+    # Whole 16-lane chunks of the row (W is a multiple of 16; lanes past n are finite leftovers, masked off):
+    # scalar loops over range(n <= 16) stayed scalar, LLVM vectorizing only whole multiples of its wider step.
+    srow = sc[v]
+    if jb <= ja:  # no key of this block for this row
+        for jj in range(n):
+            srow[jj] = _F0
+        return
+    if softcap > _F0:
+        for jj in range(n):
+            srow[jj] = softcap * tanh_f32(srow[jj] * scale / softcap)
+    else:
+        for c in range(0, n, 16):
+            _vstore(sc, v * W + c, _vmul(_vload(sc, v * W + c), scale))
+    mxv = _vmask(_vload(sc, v * W), 0, ja, jb, _NEG_INF)  # keys outside ja..jb masked
+    for c in range(16, n, 16):
+        mxv = _vmax(mxv, _vmask(_vload(sc, v * W + c), c, ja, jb, _NEG_INF))
+    mx = max(m[v], _vhmax(mxv))
+    if mx > m[v] and m[v] > _NEG_INF:  # new running max: rescale what is accumulated
+        alpha = exp_f32(m[v] - mx)
+        l[v] *= alpha
+        arow = acc[v]
+        for d in range(Dp):
+            arow[d] *= alpha
+    m[v] = mx
+    sv = _vzero()
+    for c in range(0, n, 16):  # weights outside ja..jb exactly 0; a fixed tree sums each chunk
+        e = _vmask(_vexp(_vsub(_vload(sc, v * W + c), mx)), c, ja, jb, _F0)
+        _vstore(sc, v * W + c, e)
+        sv = _vadd(sv, e)
+    l[v] += _vhsum(sv)
+
+
+@njit(**_JIT)
+def _scores(qbuf, kbuf, nv, n, sc, use_bf16, qb, kb):
+    """sc[v, :n] = q vector v . key jj for the tile's nv query vectors, in float32 or from the bf16 copies qb, kb
+    (key rows past n are stale but finite; their scores are unused)."""
+    v = 0
+    while v + 4 <= nv:
+        for jj in range(0, n, 4):
+            if use_bf16:
+                B16.qk4x4(qb, v, kb, jj, sc)
+            else:
+                _qk4x4(qbuf, v, kbuf, jj, sc)
+        v += 4
+    while v < nv:
+        for jj in range(0, n, 4):
+            if use_bf16:
+                B16.qk1x4(qb, v, kb, jj, sc)
+            else:
+                _qk1x4(qbuf, v, kbuf, jj, sc)
+        v += 1
+
+
+@njit(**_JIT)
+def _weighted_sum(acc, sc, nv, n, vbuf, use_bf16, pb, vb):
+    """acc[v] += sum over keys jj < n of weight sc[v, jj] x value jj, in float32 or from bf16 copies (pb, vb)."""
+    if use_bf16:
+        B16.round_weights(sc, nv, n, pb)
+    npairs = (n + 1) // 2
+    v = 0
+    while v + 4 <= nv:
+        if use_bf16:
+            B16.pv4(acc, v, pb, vb, npairs)
+        else:
+            _pv4(acc, v, sc, vbuf, n)
+        v += 4
+    while v < nv:
+        if use_bf16:
+            B16.pv1(acc, v, pb, vb, npairs)
+        else:
+            _pv1(acc, v, sc, vbuf, n)
+        v += 1
+
+
 # ---------------------------------------------------------------- paged attention
 @njit(**_JIT)
 def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, row_pos, scale, softcap,
-                 qbuf, kbuf, vbuf, acc, sc, m, l):
+                 qbuf, kbuf, vbuf, acc, sc, m, l, use_bf16, qb, kb, vb, pb):
     """out[t, h] for rows t0..t0+nr-1 of one sequence and heads h0..h0+nh-1 of kv head kvh.
 
     Query vector v = (row v // nh, head v % nh). Each K/V block is converted once for the whole tile and
     walked in position order with an online softmax (running max m, sum l); a row ignores the keys
     outside its own range lo..p (weight exactly 0), so its result is the one it gets alone.
+    use_bf16: the scores and the weighted sum of V multiply bf16 roundings of q, K, V and the weights (sums in
+    float32; scratch qb, kb, vb, pb): about twice the products per instruction, for long prefill chunks.
     """
     D = q.shape[2]
     BS = k_cache.shape[1]
-    Dp, W = qbuf.shape[1], sc.shape[1]  # scratch is 2-D, C-contiguous (flat index arithmetic with a runtime row length
+    Dp = qbuf.shape[1]  # scratch is 2-D, C-contiguous (flat index arithmetic with a runtime row length
     # stops LLVM from vectorizing the scalar loops; the vector kernels compute their own offsets)
     nv = nr * nh
     for v in range(nv):
@@ -199,6 +296,9 @@ def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, 
             acc[v, d] = _F0
         m[v] = _NEG_INF
         l[v] = _F0
+        if use_bf16:
+            for c in range(0, Dp, 32):
+                _bstore(qb, v * Dp + c, _bround(_vload(qbuf, v * Dp + c), _vload(qbuf, v * Dp + c + 16)))
     lo_min, p_max = row_lo[t0], row_pos[t0]
     for r in range(1, nr):
         lo_min, p_max = min(lo_min, row_lo[t0 + r]), max(p_max, row_pos[t0 + r])
@@ -209,66 +309,15 @@ def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, 
         j0 = b * BS
         j1 = min(p_max + 1, (b + 1) * BS)
         n = j1 - j0
-        for jj in range(n):  # row slices: indices from range(D) vectorize (see write_kv)
-            kr, kd = k_cache[blk, jj, kvh], kbuf[jj]
-            for d in range(D):
-                kd[d] = _load_f32(kr[d])
-        for jj in range(n):
-            vr, vd = v_cache[blk, jj, kvh], vbuf[jj]
-            for d in range(D):
-                vd[d] = _load_f32(vr[d])
-        v = 0
-        while v + 4 <= nv:
-            for jj in range(0, n, 4):  # kbuf rows past n are stale but finite; their scores are unused
-                _qk4x4(qbuf, v, kbuf, jj, sc)
-            v += 4
-        while v < nv:
-            for jj in range(0, n, 4):
-                _qk1x4(qbuf, v, kbuf, jj, sc)
-            v += 1
+        _load_block(k_cache, v_cache, blk, kvh, n, kbuf, vbuf)
+        if use_bf16:
+            B16.round_block(kbuf, vbuf, n, kb, vb)
+        _scores(qbuf, kbuf, nv, n, sc, use_bf16, qb, kb)
         for v in range(nv):
-            # Row slices and range(n) with selects, not sc[v, jj] over range(ja, jb): those kept the loops scalar
-            # (the softmax was ~40 % of a 512-token prefill's attention).
             r = v // nh
-            ja = max(row_lo[t0 + r], j0) - j0
-            jb = min(row_pos[t0 + r] + 1, j1) - j0
-            srow = sc[v]
-            if jb <= ja:  # no key of this block for this row
-                for jj in range(n):
-                    srow[jj] = _F0
-                continue
-            if softcap > _F0:
-                for jj in range(n):
-                    srow[jj] = softcap * tanh_f32(srow[jj] * scale / softcap)
-            else:
-                for jj in range(n):
-                    srow[jj] = srow[jj] * scale
-            mxv = _vmask(_vload(sc, v * W), 0, ja, jb, _NEG_INF)  # 16-lane chunks of the row, keys outside masked
-            for c in range(16, n, 16):
-                mxv = _vmax(mxv, _vmask(_vload(sc, v * W + c), c, ja, jb, _NEG_INF))
-            mx = max(m[v], _vhmax(mxv))
-            if mx > m[v] and m[v] > _NEG_INF:  # new running max: rescale what is accumulated
-                alpha = exp_f32(m[v] - mx)
-                l[v] *= alpha
-                arow = acc[v]
-                for d in range(Dp):
-                    arow[d] *= alpha
-            m[v] = mx
-            for jj in range(n):
-                srow[jj] = exp_f32(srow[jj] - mx)
-            sv = _vzero()
-            for c in range(0, n, 16):  # weights outside ja..jb exactly 0; a fixed tree sums each chunk
-                e = _vmask(_vload(sc, v * W + c), c, ja, jb, _F0)
-                _vstore(sc, v * W + c, e)
-                sv = _vadd(sv, e)
-            l[v] += _vhsum(sv)
-        v = 0
-        while v + 4 <= nv:
-            _pv4(acc, v, sc, vbuf, n)
-            v += 4
-        while v < nv:
-            _pv1(acc, v, sc, vbuf, n)
-            v += 1
+            _block_weights(sc, v, n, max(row_lo[t0 + r], j0) - j0, min(row_pos[t0 + r] + 1, j1) - j0, scale, softcap,
+                           m, l, acc)
+        _weighted_sum(acc, sc, nv, n, vbuf, use_bf16, pb, vb)
     for v in range(nv):
         t, h = t0 + v // nh, h0 + v % nh
         for d in range(D):
@@ -338,61 +387,75 @@ def _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window, n
 
 
 @njit(**_JIT)
-def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, lo, hi, hc, out):
-    """The items lo:hi of a plan, with scratch for the largest tile among them (decode: one row)."""
+def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, lo, hi, hc, out, seq_bf16):
+    """The items lo:hi of a plan, with scratch for the largest tile among them (decode: one row). Items of the
+    sequences s with seq_bf16[s] != 0 run in bf16 (an empty seq_bf16: none)."""
     D, G, BS = q.shape[2], q.shape[1] // k_cache.shape[2], k_cache.shape[1]
     Dp = (D + 31) // 32 * 32
     BS4 = (BS + 3) // 4 * 4
     nr_max = 1
+    any_bf16 = False
     for it in range(lo, hi):
         nr_max = max(nr_max, items[it, 1])
+        any_bf16 = any_bf16 or (seq_bf16.shape[0] > 0 and seq_bf16[items[it, 2]] != 0)
     nvmax = (nr_max * hc + 3) // 4 * 4
     qbuf = np.zeros((nvmax, Dp), np.float32)
     kbuf = np.zeros((BS4, Dp), np.float32)
     vbuf = np.zeros((BS, Dp), np.float32)
     acc = np.zeros((nvmax, Dp), np.float32)
-    sc = np.zeros((nvmax, (BS + 15) // 16 * 16), np.float32)  # whole 16-lane chunks (the softmax's vectors)
+    W = (BS + 15) // 16 * 16  # whole 16-lane chunks (the softmax's vectors)
+    sc = np.zeros((nvmax, W), np.float32)
     m = np.zeros(nvmax, np.float32)
     l = np.zeros(nvmax, np.float32)
+    nb16 = nvmax if any_bf16 else 0  # bf16 scratch (attention_bf16's layouts) only where a tile uses it
+    qb = np.zeros((nb16, Dp), np.uint16)
+    kb = np.zeros((BS4 if any_bf16 else 0, Dp), np.uint16)
+    vb = np.zeros(((BS + 1) // 2 if any_bf16 else 0, 2 * Dp), np.uint16)
+    pb = np.zeros((nb16, (W + 31) // 32 * 32), np.uint16)
     for it in range(lo, hi):
         sp, kvh = items[it, 4], items[it, 3]
         h0 = kvh * G + sp * hc
         nh = min(G, (sp + 1) * hc) - sp * hc
+        use_bf16 = seq_bf16.shape[0] > 0 and seq_bf16[items[it, 2]] != 0
         _attend_tile(q, k_cache, v_cache, out, items[it, 0], items[it, 1], h0, nh, kvh, block_tables[items[it, 2]],
-                     row_lo, row_pos, np.float32(scale), np.float32(softcap), qbuf, kbuf, vbuf, acc, sc, m, l)
+                     row_lo, row_pos, np.float32(scale), np.float32(softcap), qbuf, kbuf, vbuf, acc, sc, m, l,
+                     use_bf16, qb, kb, vb, pb)
 
 
 @njit(**_JIT)
-def _check(q, k_cache, v_cache):
+def _check(q, k_cache, v_cache, query_start_loc, seq_bf16):
     if q.shape[1] % k_cache.shape[2] != 0 or k_cache.shape[3] != q.shape[2] or v_cache.shape != k_cache.shape:
         raise ValueError("paged_attention: q heads / head_dim do not match the KV cache")
+    if seq_bf16.shape[0] != 0 and seq_bf16.shape[0] != query_start_loc.shape[0] - 1:
+        raise ValueError("paged_attention: bf16_seqs needs one flag per sequence")
     return np.zeros(q.shape, np.float32)
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
 def _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-                     sliding_window, softcap, nthreads):
-    out = _check(q, k_cache, v_cache)
+                     sliding_window, softcap, nthreads, seq_bf16):
+    out = _check(q, k_cache, v_cache, query_start_loc, seq_bf16)
     row_pos, row_lo, items, bounds, hc = _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window,
                                                nthreads)
     for part in prange(bounds.shape[0] - 1):
         _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, bounds[part],
-                  bounds[part + 1], hc, out)
+                  bounds[part + 1], hc, out, seq_bf16)
     return out
 
 
 @njit(**_JIT)
 def _paged_attention_serial(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-                            sliding_window, softcap):
+                            sliding_window, softcap, seq_bf16):
     """_paged_attention on the calling thread, without a parallel region's launch (a decode step's layers)."""
-    out = _check(q, k_cache, v_cache)
+    out = _check(q, k_cache, v_cache, query_start_loc, seq_bf16)
     row_pos, row_lo, items, bounds, hc = _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window, 1)
-    _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, 0, bounds[1], hc, out)
+    _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, 0, bounds[1], hc, out,
+              seq_bf16)
     return out
 
 
 def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-                    sliding_window=0, softcap=0.0):
+                    sliding_window=0, softcap=0.0, bf16_seqs=None):
     """Causal attention of a mixed batch (decodes, prefill chunks) over the paged KV cache.
 
     Args:
@@ -400,16 +463,22 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
         already holding this step's K/V (write_kv). query_start_loc: int32 (S+1,). seq_lens: int32 (S,)
         context length after this step. block_tables: int32 (S, max_blocks). scale: score multiplier.
         sliding_window: W > 0 attends to positions p-W+1..p. softcap: > 0 applies cap*tanh(s/cap).
+        bf16_seqs: None, or one flag per sequence: the flagged sequences' rows multiply in bf16
+        (attention_bf16; float32 sums, about 0.5 % relative error per output).
     Returns:
         f32 (T, Hq, D). Row i of sequence s sits at p = seq_lens[s] - q_len_s + i and attends causally;
         query head h reads kv head h // (Hq // Hkv). Rows past query_start_loc[S] are zero.
     Raises:
-        ValueError: q_len > seq_len, a block table too short or holding an id outside the cache, or
-        q heads / head_dim that do not fit the cache.
+        ValueError: q_len > seq_len, a block table too short or holding an id outside the cache, q heads /
+        head_dim that do not fit the cache, or bf16_seqs not one flag per sequence.
     """
+    flags = _NO_BF16 if bf16_seqs is None else np.ascontiguousarray(bf16_seqs, dtype=np.uint8)
     nthreads = num_threads()
     if nthreads == 1:
         return _paged_attention_serial(q, _kernel_view(k_cache), _kernel_view(v_cache), query_start_loc, seq_lens,
-                                       block_tables, float(scale), int(sliding_window), float(softcap))
+                                       block_tables, float(scale), int(sliding_window), float(softcap), flags)
     return _paged_attention(q, _kernel_view(k_cache), _kernel_view(v_cache), query_start_loc, seq_lens,
-                            block_tables, float(scale), int(sliding_window), float(softcap), nthreads)
+                            block_tables, float(scale), int(sliding_window), float(softcap), nthreads, flags)
+
+
+_NO_BF16 = np.zeros(0, np.uint8)  # paged_attention without bf16 rows

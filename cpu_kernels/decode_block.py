@@ -89,11 +89,11 @@ def block_step(x, nw, eps, gemvs, dims, nbytes, layout, qk_w, attn_f, window, co
     if work < bar or nt == 1:
         set_threads(1)
         a = _paged_attention_serial(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, attn_f[2],
-                                    window, attn_f[3])
+                                    window, attn_f[3], np.zeros(0, np.uint8))
     else:
         set_threads(nt)
         a = _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, attn_f[2], window,
-                             attn_f[3], nt)
+                             attn_f[3], nt, np.zeros(0, np.uint8))
     o = _gemv(po, no_, bo, a.reshape(T, hq * q.shape[2]), bar, nt)
     x, h = _add_norm(x, o, nw[1], nw[2], eps[1], eps[2], bar, nt)
 

@@ -5,6 +5,7 @@ import numpy as np
 
 from cpu_kernels import activations, attention, norms, rope
 from cpu_kernels.attn_inputs import attn_inputs
+from cpu_kernels.bf16x32 import HAS_BF16_DOT
 from cpu_kernels.quant.linear import GEMV_MAX_M, QuantLinear
 from cpu_kernels.quant.threads import serial_if, serial_work
 from engine.batch import BatchMetadata
@@ -33,10 +34,12 @@ class RowGroups:
         self.num_rows = -1
         self.small = None
         self.large: list[tuple[int, int]] = []
+        self.long_seqs = np.zeros(0, np.uint8)  # per sequence: 1 where its chunk is long
         if query_start_loc is None:
             return
         q = np.asarray(query_start_loc, dtype=np.int64)
         lens = np.diff(q)
+        self.long_seqs = (lens > GEMV_MAX_M).astype(np.uint8)
         self.num_rows = int(q[-1])
         small = [np.arange(a, b) for a, b, n in zip(q[:-1], q[1:], lens) if 0 < n <= GEMV_MAX_M]
         self.small = np.concatenate(small) if small else np.empty(0, np.int64)
@@ -44,6 +47,13 @@ class RowGroups:
 
     def applies_to(self, x: np.ndarray) -> bool:
         return x.shape[0] == self.num_rows
+
+    def bf16_attention(self, x: np.ndarray) -> np.ndarray | None:
+        """The long chunks' flags for paged_attention's bf16_seqs where their matmuls may run in bf16 (dense_dtype
+        auto or bfloat16) and the CPU has AVX512-BF16 dot products; None where no sequence qualifies."""
+        if (not self.large or self.dense_dtype == "float32" or not HAS_BF16_DOT or not self.applies_to(x)):
+            return None
+        return self.long_seqs
 
 
 ROWS = RowGroups()
@@ -224,6 +234,7 @@ class Attention:
         self.q_norm = RMSNorm(ws, p + "attn_q_norm.weight", cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(ws, p + "attn_k_norm.weight", cfg.rms_norm_eps) if qk_norm else None
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.batch_invariant = batch_invariant
         self.scale = cfg.attn_scale or cfg.head_dim ** -0.5
         self.sliding_window = cfg.sliding_window(layer)
         self.softcap = cfg.attn_logit_softcap
@@ -245,7 +256,8 @@ class Attention:
         work = t * meta.max_seq_len * self.num_heads * self.head_dim
         with serial_if(work < serial_work()):
             out = attention.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
-                                            meta.block_tables, self.scale, self.sliding_window, self.softcap)
+                                            meta.block_tables, self.scale, self.sliding_window, self.softcap,
+                                            None if self.batch_invariant else ROWS.bf16_attention(x))
         return self.o(out.reshape(t, self.num_heads * self.head_dim))
 
 
