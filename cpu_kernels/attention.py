@@ -196,7 +196,7 @@ def _load_block(k_cache, v_cache, blk, kvh, n, kbuf, vbuf):
 def _block_weights(sc, v, n, ja, jb, scale, softcap, m, l, acc):
     """Query vector v's scores sc[v, :n] of one block -> softmax weights: keys ja..jb-1 are the row's, the rest
     get exactly 0; the block is folded into the running max m[v] and sum l[v] (acc[v] rescaled when m grows)."""
-    W, Dp = sc.shape[1], acc.shape[1]
+    W = sc.shape[1]
     # Whole 16-lane chunks of the row (W is a multiple of 16; lanes past n are finite leftovers, masked off):
     # scalar loops over range(n <= 16) stayed scalar, LLVM vectorizing only whole multiples of its wider step.
     srow = sc[v]
@@ -214,19 +214,59 @@ def _block_weights(sc, v, n, ja, jb, scale, softcap, m, l, acc):
     for c in range(16, n, 16):
         mxv = _vmax(mxv, _vmask(_vload(sc, v * W + c), c, ja, jb, _NEG_INF))
     mx = max(m[v], _vhmax(mxv))
-    if mx > m[v] and m[v] > _NEG_INF:  # new running max: rescale what is accumulated
-        alpha = exp_f32(m[v] - mx)
-        l[v] *= alpha
-        arow = acc[v]
-        for d in range(Dp):
-            arow[d] *= alpha
-    m[v] = mx
+    _rescale(v, mx, m, l, acc)
     sv = _vzero()
     for c in range(0, n, 16):  # weights outside ja..jb exactly 0; a fixed tree sums each chunk
         e = _vmask(_vexp(_vsub(_vload(sc, v * W + c), mx)), c, ja, jb, _F0)
         _vstore(sc, v * W + c, e)
         sv = _vadd(sv, e)
     l[v] += _vhsum(sv)
+
+
+@njit(**_JIT)
+def _rescale(v, mx, m, l, acc):
+    """Running max of query vector v -> mx: what is accumulated is rescaled when the max grows."""
+    if mx > m[v] and m[v] > _NEG_INF:
+        alpha = exp_f32(m[v] - mx)
+        l[v] *= alpha
+        arow = acc[v]
+        for d in range(acc.shape[1]):
+            arow[d] *= alpha
+    m[v] = mx
+
+
+@njit(**_JIT)
+def _block_weights4(sc, v, n, ja, jb, scale, softcap, m, l, acc):
+    """_block_weights for query vectors v..v+3 of one row (the same keys ja..jb): the same operations in four
+    independent chains side by side (one vector's max -> exp -> sum chain of latencies left the core idle; this is
+    the common case: a block of at most 16 keys, no softcap). A vector gets the bits _block_weights gives it."""
+    if jb <= ja or softcap > _F0 or n > 16:
+        for i in range(4):
+            _block_weights(sc, v + i, n, ja, jb, scale, softcap, m, l, acc)
+        return
+    W = sc.shape[1]
+    x0, x1 = _vmul(_vload(sc, v * W), scale), _vmul(_vload(sc, (v + 1) * W), scale)
+    x2, x3 = _vmul(_vload(sc, (v + 2) * W), scale), _vmul(_vload(sc, (v + 3) * W), scale)
+    mx0 = max(m[v], _vhmax(_vmask(x0, 0, ja, jb, _NEG_INF)))
+    mx1 = max(m[v + 1], _vhmax(_vmask(x1, 0, ja, jb, _NEG_INF)))
+    mx2 = max(m[v + 2], _vhmax(_vmask(x2, 0, ja, jb, _NEG_INF)))
+    mx3 = max(m[v + 3], _vhmax(_vmask(x3, 0, ja, jb, _NEG_INF)))
+    _rescale(v, mx0, m, l, acc)
+    _rescale(v + 1, mx1, m, l, acc)
+    _rescale(v + 2, mx2, m, l, acc)
+    _rescale(v + 3, mx3, m, l, acc)
+    e0 = _vmask(_vexp(_vsub(x0, mx0)), 0, ja, jb, _F0)
+    e1 = _vmask(_vexp(_vsub(x1, mx1)), 0, ja, jb, _F0)
+    e2 = _vmask(_vexp(_vsub(x2, mx2)), 0, ja, jb, _F0)
+    e3 = _vmask(_vexp(_vsub(x3, mx3)), 0, ja, jb, _F0)
+    _vstore(sc, v * W, e0)
+    _vstore(sc, (v + 1) * W, e1)
+    _vstore(sc, (v + 2) * W, e2)
+    _vstore(sc, (v + 3) * W, e3)
+    l[v] += _vhsum(_vadd(_vzero(), e0))  # _block_weights' running vector sum from zero, one chunk
+    l[v + 1] += _vhsum(_vadd(_vzero(), e1))
+    l[v + 2] += _vhsum(_vadd(_vzero(), e2))
+    l[v + 3] += _vhsum(_vadd(_vzero(), e3))
 
 
 @njit(**_JIT)
@@ -313,10 +353,15 @@ def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, 
         if use_bf16:
             B16.round_block(kbuf, vbuf, n, kb, vb)
         _scores(qbuf, kbuf, nv, n, sc, use_bf16, qb, kb)
-        for v in range(nv):
-            r = v // nh
-            _block_weights(sc, v, n, max(row_lo[t0 + r], j0) - j0, min(row_pos[t0 + r] + 1, j1) - j0, scale, softcap,
-                           m, l, acc)
+        for r in range(nr):
+            ja, jb = max(row_lo[t0 + r], j0) - j0, min(row_pos[t0 + r] + 1, j1) - j0
+            h = 0
+            while h + 4 <= nh:  # a row's vectors four at a time (they share its keys)
+                _block_weights4(sc, r * nh + h, n, ja, jb, scale, softcap, m, l, acc)
+                h += 4
+            while h < nh:
+                _block_weights(sc, r * nh + h, n, ja, jb, scale, softcap, m, l, acc)
+                h += 1
         _weighted_sum(acc, sc, nv, n, vbuf, use_bf16, pb, vb)
     for v in range(nv):
         t, h = t0 + v // nh, h0 + v % nh
