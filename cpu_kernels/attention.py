@@ -314,14 +314,15 @@ def _weighted_sum(acc, sc, nv, n, vbuf, use_bf16, pb, vb):
 # ---------------------------------------------------------------- paged attention
 @njit(**_JIT)
 def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, row_pos, scale, softcap,
-                 qbuf, kbuf, vbuf, acc, sc, m, l, use_bf16, qb, kb, vb, pb):
+                 qbuf, kbuf, vbuf, acc, sc, m, l, use_bf16, qb, pb, kb_all, vb_all, cbase):
     """out[t, h] for rows t0..t0+nr-1 of one sequence and heads h0..h0+nh-1 of kv head kvh.
 
     Query vector v = (row v // nh, head v % nh). Each K/V block is converted once for the whole tile and
     walked in position order with an online softmax (running max m, sum l); a row ignores the keys
     outside its own range lo..p (weight exactly 0), so its result is the one it gets alone.
     use_bf16: the scores and the weighted sum of V multiply bf16 roundings of q, K, V and the weights (sums in
-    float32; scratch qb, kb, vb, pb): about twice the products per instruction, for long prefill chunks.
+    float32; scratch qb, pb): about twice the products per instruction, for long prefill chunks. Their K/V blocks
+    were rounded once for the whole call (_bf16_blocks): block b of kv head kvh is kb_all/vb_all[cbase + b * Hkv + kvh].
     """
     D = q.shape[2]
     BS = k_cache.shape[1]
@@ -349,9 +350,12 @@ def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, 
         j0 = b * BS
         j1 = min(p_max + 1, (b + 1) * BS)
         n = j1 - j0
-        _load_block(k_cache, v_cache, blk, kvh, n, kbuf, vbuf)
         if use_bf16:
-            B16.round_block(kbuf, vbuf, n, kb, vb)
+            ci = cbase + b * k_cache.shape[2] + kvh
+            kb, vb = kb_all[ci], vb_all[ci]
+        else:
+            _load_block(k_cache, v_cache, blk, kvh, n, kbuf, vbuf)
+            kb, vb = kb_all[0], vb_all[0]  # unused
         _scores(qbuf, kbuf, nv, n, sc, use_bf16, qb, kb)
         for r in range(nr):
             ja, jb = max(row_lo[t0 + r], j0) - j0, min(row_pos[t0 + r] + 1, j1) - j0
@@ -432,9 +436,10 @@ def _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window, n
 
 
 @njit(**_JIT)
-def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, lo, hi, hc, out, seq_bf16):
+def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, lo, hi, hc, out, seq_bf16,
+              cbase, kb_all, vb_all):
     """The items lo:hi of a plan, with scratch for the largest tile among them (decode: one row). Items of the
-    sequences s with seq_bf16[s] != 0 run in bf16 (an empty seq_bf16: none)."""
+    sequences s with seq_bf16[s] != 0 run in bf16 (an empty seq_bf16: none) on the blocks of _bf16_plan."""
     D, G, BS = q.shape[2], q.shape[1] // k_cache.shape[2], k_cache.shape[1]
     Dp = (D + 31) // 32 * 32
     BS4 = (BS + 3) // 4 * 4
@@ -454,17 +459,58 @@ def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo
     l = np.zeros(nvmax, np.float32)
     nb16 = nvmax if any_bf16 else 0  # bf16 scratch (attention_bf16's layouts) only where a tile uses it
     qb = np.zeros((nb16, Dp), np.uint16)
-    kb = np.zeros((BS4 if any_bf16 else 0, Dp), np.uint16)
-    vb = np.zeros(((BS + 1) // 2 if any_bf16 else 0, 2 * Dp), np.uint16)
     pb = np.zeros((nb16, (W + 31) // 32 * 32), np.uint16)
     for it in range(lo, hi):
-        sp, kvh = items[it, 4], items[it, 3]
+        sp, kvh, s = items[it, 4], items[it, 3], items[it, 2]
         h0 = kvh * G + sp * hc
         nh = min(G, (sp + 1) * hc) - sp * hc
-        use_bf16 = seq_bf16.shape[0] > 0 and seq_bf16[items[it, 2]] != 0
-        _attend_tile(q, k_cache, v_cache, out, items[it, 0], items[it, 1], h0, nh, kvh, block_tables[items[it, 2]],
+        use_bf16 = seq_bf16.shape[0] > 0 and seq_bf16[s] != 0
+        _attend_tile(q, k_cache, v_cache, out, items[it, 0], items[it, 1], h0, nh, kvh, block_tables[s],
                      row_lo, row_pos, np.float32(scale), np.float32(softcap), qbuf, kbuf, vbuf, acc, sc, m, l,
-                     use_bf16, qb, kb, vb, pb)
+                     use_bf16, qb, pb, kb_all, vb_all, cbase[s] if use_bf16 else 0)
+
+
+@njit(**_JIT)
+def _bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16):
+    """The K/V blocks the bf16 sequences read, each to be rounded once per call (not once per tile: a 512-token
+    prompt's 64 tiles visit its 32 blocks 1056 times): per sequence the index base of its blocks in the
+    converted arrays, and per converted (block, kv head) the cache block, its keys and its kv head."""
+    BS, Hkv = k_cache.shape[1], k_cache.shape[2]
+    S = seq_lens.shape[0]
+    cbase = np.zeros(S, np.int64)
+    total = 1  # entry 0: a dummy, the arrays' first entry for tiles without bf16
+    for s in range(S):
+        if seq_bf16.shape[0] > 0 and seq_bf16[s] != 0 and query_start_loc[s + 1] > query_start_loc[s]:
+            first = row_lo[query_start_loc[s]] // BS  # rows' first visible keys only grow along a chunk
+            cbase[s] = total - first * Hkv
+            total += ((seq_lens[s] - 1) // BS + 1 - first) * Hkv
+    what = np.zeros((total, 3), np.int64)  # cache block, keys, kv head
+    for s in range(S):
+        if seq_bf16.shape[0] > 0 and seq_bf16[s] != 0 and query_start_loc[s + 1] > query_start_loc[s]:
+            first = row_lo[query_start_loc[s]] // BS
+            for b in range(first, (seq_lens[s] - 1) // BS + 1):
+                for kvh in range(Hkv):
+                    i = cbase[s] + b * Hkv + kvh
+                    what[i, 0], what[i, 1], what[i, 2] = block_tables[s, b], min(BS, seq_lens[s] - b * BS), kvh
+    return cbase, what
+
+
+@njit(**_JIT)
+def _bf16_block(k_cache, v_cache, what, i, kb_all, vb_all):
+    """Entry i of _bf16_plan rounded to bf16 into kb_all[i], vb_all[i] (attention_bf16's layouts)."""
+    Dp = kb_all.shape[2]
+    kbuf = np.zeros((k_cache.shape[1], Dp), np.float32)
+    vbuf = np.zeros((k_cache.shape[1], Dp), np.float32)
+    _load_block(k_cache, v_cache, what[i, 0], what[i, 2], what[i, 1], kbuf, vbuf)
+    B16.round_block(kbuf, vbuf, what[i, 1], kb_all[i], vb_all[i])
+
+
+@njit(**_JIT)
+def _bf16_arrays(k_cache, what):
+    D, BS = k_cache.shape[3], k_cache.shape[1]
+    Dp = (D + 31) // 32 * 32
+    n = what.shape[0] if what.shape[0] > 1 else 1
+    return (np.zeros((n, (BS + 3) // 4 * 4, Dp), np.uint16), np.zeros((n, (BS + 1) // 2, 2 * Dp), np.uint16))
 
 
 @njit(**_JIT)
@@ -482,9 +528,13 @@ def _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_table
     out = _check(q, k_cache, v_cache, query_start_loc, seq_bf16)
     row_pos, row_lo, items, bounds, hc = _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window,
                                                nthreads)
+    cbase, what = _bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16)
+    kb_all, vb_all = _bf16_arrays(k_cache, what)
+    for i in prange(what.shape[0] - 1):
+        _bf16_block(k_cache, v_cache, what, i + 1, kb_all, vb_all)
     for part in prange(bounds.shape[0] - 1):
         _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, bounds[part],
-                  bounds[part + 1], hc, out, seq_bf16)
+                  bounds[part + 1], hc, out, seq_bf16, cbase, kb_all, vb_all)
     return out
 
 
@@ -494,8 +544,12 @@ def _paged_attention_serial(q, k_cache, v_cache, query_start_loc, seq_lens, bloc
     """_paged_attention on the calling thread, without a parallel region's launch (a decode step's layers)."""
     out = _check(q, k_cache, v_cache, query_start_loc, seq_bf16)
     row_pos, row_lo, items, bounds, hc = _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window, 1)
+    cbase, what = _bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16)
+    kb_all, vb_all = _bf16_arrays(k_cache, what)
+    for i in range(1, what.shape[0]):
+        _bf16_block(k_cache, v_cache, what, i, kb_all, vb_all)
     _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, 0, bounds[1], hc, out,
-              seq_bf16)
+              seq_bf16, cbase, kb_all, vb_all)
     return out
 
 
