@@ -507,10 +507,13 @@ def _bf16_block(k_cache, v_cache, what, i, kb_all, vb_all):
 
 @njit(**_JIT)
 def _bf16_arrays(k_cache, what):
+    """Room for _bf16_plan's blocks in attention_bf16's layouts (empty rows without bf16 sequences: a decode step's
+    layers allocate nothing to speak of)."""
     D, BS = k_cache.shape[3], k_cache.shape[1]
     Dp = (D + 31) // 32 * 32
-    n = what.shape[0] if what.shape[0] > 1 else 1
-    return (np.zeros((n, (BS + 3) // 4 * 4, Dp), np.uint16), np.zeros((n, (BS + 1) // 2, 2 * Dp), np.uint16))
+    some = what.shape[0] > 1
+    return (np.zeros((what.shape[0], (BS + 3) // 4 * 4 if some else 0, Dp), np.uint16),
+            np.zeros((what.shape[0], (BS + 1) // 2 if some else 0, 2 * Dp), np.uint16))
 
 
 @njit(**_JIT)
