@@ -9,7 +9,9 @@ routines of cpu_kernels/f16.py, which give the same bits (tests check both again
 
 paged_attention works on tiles: a few rows of one sequence x the query heads of one kv head. Each K/V
 block is converted once per tile and the scores and the weighted sum of V run in explicit 16-lane vector
-kernels, 4 query vectors at a time (decode of 4 heads: 60 us per layer at 512 tokens, D=256, one thread).
+kernels, 4 query vectors at a time (decode of 4 heads: 60 us per layer at 512 tokens, D=256, one thread); the
+online softmax lives in attention_softmax.py, the K/V block preparation in attention_blocks.py, and the bf16
+products of long prefill chunks in attention_bf16.py.
 Batch invariance: a row's keys are visited block by block in position order, and the vector arithmetic
 per (query vector, key) is fixed by construction, so a row gets the same bits whatever tile, kernel
 variant, thread or batch computes it (tests check this bitwise). Threads take contiguous runs of tiles
@@ -21,13 +23,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from cpu_kernels.activations import exp_f32, tanh_f32
 from cpu_kernels import attention_bf16 as B16
+from cpu_kernels import attention_blocks as KV
+from cpu_kernels import attention_softmax as SM
 from cpu_kernels.bf16x32 import _bround, _bstore
-from cpu_kernels.f16 import _encode, _load_f32
+from cpu_kernels.f16 import _encode
 from cpu_kernels.quant.threads import num_threads
-from cpu_kernels.vec16 import (_vadd, _vexp, _vhmax, _vhsum, _vhsum4_store, _vload, _vmask, _vmax, _vmul, _vmuladd,
-                               _vstore, _vsub, _vzero)
+from cpu_kernels.vec16 import _vhsum4_store, _vload, _vmuladd, _vstore, _vzero
 
 _JIT = dict(cache=True, error_model="numpy")
 _F0 = np.float32(0.0)
@@ -87,8 +89,6 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping):
     """
     _write_kv(k, v, _kernel_view(k_cache), _kernel_view(v_cache), slot_mapping)
 
-
-# ---------------------------------------------------------------- float32 x 16 vectors
 
 # ---------------------------------------------------------------- attention micro-kernels
 @njit(**_JIT)
@@ -179,97 +179,6 @@ def _pv1(acc, v, p, vbuf, n):
 
 
 @njit(**_JIT)
-def _load_block(k_cache, v_cache, blk, kvh, n, kbuf, vbuf):
-    """The first n keys and values of a cache block for kv head kvh, as float32 rows of kbuf and vbuf."""
-    D = k_cache.shape[3]
-    for jj in range(n):  # row slices: indices from range(D) vectorize (see write_kv)
-        kr, kd = k_cache[blk, jj, kvh], kbuf[jj]
-        for d in range(D):
-            kd[d] = _load_f32(kr[d])
-    for jj in range(n):
-        vr, vd = v_cache[blk, jj, kvh], vbuf[jj]
-        for d in range(D):
-            vd[d] = _load_f32(vr[d])
-
-
-@njit(**_JIT)
-def _block_weights(sc, v, n, ja, jb, scale, softcap, m, l, acc):
-    """Query vector v's scores sc[v, :n] of one block -> softmax weights: keys ja..jb-1 are the row's, the rest
-    get exactly 0; the block is folded into the running max m[v] and sum l[v] (acc[v] rescaled when m grows)."""
-    W = sc.shape[1]
-    # Whole 16-lane chunks of the row (W is a multiple of 16; lanes past n are finite leftovers, masked off):
-    # scalar loops over range(n <= 16) stayed scalar, LLVM vectorizing only whole multiples of its wider step.
-    srow = sc[v]
-    if jb <= ja:  # no key of this block for this row
-        for jj in range(n):
-            srow[jj] = _F0
-        return
-    if softcap > _F0:
-        for jj in range(n):
-            srow[jj] = softcap * tanh_f32(srow[jj] * scale / softcap)
-    else:
-        for c in range(0, n, 16):
-            _vstore(sc, v * W + c, _vmul(_vload(sc, v * W + c), scale))
-    mxv = _vmask(_vload(sc, v * W), 0, ja, jb, _NEG_INF)  # keys outside ja..jb masked
-    for c in range(16, n, 16):
-        mxv = _vmax(mxv, _vmask(_vload(sc, v * W + c), c, ja, jb, _NEG_INF))
-    mx = max(m[v], _vhmax(mxv))
-    _rescale(v, mx, m, l, acc)
-    sv = _vzero()
-    for c in range(0, n, 16):  # weights outside ja..jb exactly 0; a fixed tree sums each chunk
-        e = _vmask(_vexp(_vsub(_vload(sc, v * W + c), mx)), c, ja, jb, _F0)
-        _vstore(sc, v * W + c, e)
-        sv = _vadd(sv, e)
-    l[v] += _vhsum(sv)
-
-
-@njit(**_JIT)
-def _rescale(v, mx, m, l, acc):
-    """Running max of query vector v -> mx: what is accumulated is rescaled when the max grows."""
-    if mx > m[v] and m[v] > _NEG_INF:
-        alpha = exp_f32(m[v] - mx)
-        l[v] *= alpha
-        arow = acc[v]
-        for d in range(acc.shape[1]):
-            arow[d] *= alpha
-    m[v] = mx
-
-
-@njit(**_JIT)
-def _block_weights4(sc, v, n, ja, jb, scale, softcap, m, l, acc):
-    """_block_weights for query vectors v..v+3 of one row (the same keys ja..jb): the same operations in four
-    independent chains side by side (one vector's max -> exp -> sum chain of latencies left the core idle; this is
-    the common case: a block of at most 16 keys, no softcap). A vector gets the bits _block_weights gives it."""
-    if jb <= ja or softcap > _F0 or n > 16:
-        for i in range(4):
-            _block_weights(sc, v + i, n, ja, jb, scale, softcap, m, l, acc)
-        return
-    W = sc.shape[1]
-    x0, x1 = _vmul(_vload(sc, v * W), scale), _vmul(_vload(sc, (v + 1) * W), scale)
-    x2, x3 = _vmul(_vload(sc, (v + 2) * W), scale), _vmul(_vload(sc, (v + 3) * W), scale)
-    mx0 = max(m[v], _vhmax(_vmask(x0, 0, ja, jb, _NEG_INF)))
-    mx1 = max(m[v + 1], _vhmax(_vmask(x1, 0, ja, jb, _NEG_INF)))
-    mx2 = max(m[v + 2], _vhmax(_vmask(x2, 0, ja, jb, _NEG_INF)))
-    mx3 = max(m[v + 3], _vhmax(_vmask(x3, 0, ja, jb, _NEG_INF)))
-    _rescale(v, mx0, m, l, acc)
-    _rescale(v + 1, mx1, m, l, acc)
-    _rescale(v + 2, mx2, m, l, acc)
-    _rescale(v + 3, mx3, m, l, acc)
-    e0 = _vmask(_vexp(_vsub(x0, mx0)), 0, ja, jb, _F0)
-    e1 = _vmask(_vexp(_vsub(x1, mx1)), 0, ja, jb, _F0)
-    e2 = _vmask(_vexp(_vsub(x2, mx2)), 0, ja, jb, _F0)
-    e3 = _vmask(_vexp(_vsub(x3, mx3)), 0, ja, jb, _F0)
-    _vstore(sc, v * W, e0)
-    _vstore(sc, (v + 1) * W, e1)
-    _vstore(sc, (v + 2) * W, e2)
-    _vstore(sc, (v + 3) * W, e3)
-    l[v] += _vhsum(_vadd(_vzero(), e0))  # _block_weights' running vector sum from zero, one chunk
-    l[v + 1] += _vhsum(_vadd(_vzero(), e1))
-    l[v + 2] += _vhsum(_vadd(_vzero(), e2))
-    l[v + 3] += _vhsum(_vadd(_vzero(), e3))
-
-
-@njit(**_JIT)
 def _scores(qbuf, kbuf, nv, n, sc, use_bf16, qb, kb):
     """sc[v, :n] = q vector v . key jj for the tile's nv query vectors, in float32 or from the bf16 copies qb, kb
     (key rows past n are stale but finite; their scores are unused)."""
@@ -322,7 +231,7 @@ def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, 
     outside its own range lo..p (weight exactly 0), so its result is the one it gets alone.
     use_bf16: the scores and the weighted sum of V multiply bf16 roundings of q, K, V and the weights (sums in
     float32; scratch qb, pb): about twice the products per instruction, for long prefill chunks. Their K/V blocks
-    were rounded once for the whole call (_bf16_blocks): block b of kv head kvh is kb_all/vb_all[cbase + b * Hkv + kvh].
+    were rounded once for the whole call (attention_blocks.bf16_plan): block b of kv head kvh is kb_all/vb_all[cbase + b * Hkv + kvh].
     """
     D = q.shape[2]
     BS = k_cache.shape[1]
@@ -354,17 +263,17 @@ def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, 
             ci = cbase + b * k_cache.shape[2] + kvh
             kb, vb = kb_all[ci], vb_all[ci]
         else:
-            _load_block(k_cache, v_cache, blk, kvh, n, kbuf, vbuf)
+            KV.load_block(k_cache, v_cache, blk, kvh, n, kbuf, vbuf)
             kb, vb = kb_all[0], vb_all[0]  # unused
         _scores(qbuf, kbuf, nv, n, sc, use_bf16, qb, kb)
         for r in range(nr):
             ja, jb = max(row_lo[t0 + r], j0) - j0, min(row_pos[t0 + r] + 1, j1) - j0
             h = 0
             while h + 4 <= nh:  # a row's vectors four at a time (they share its keys)
-                _block_weights4(sc, r * nh + h, n, ja, jb, scale, softcap, m, l, acc)
+                SM.block_weights4(sc, r * nh + h, n, ja, jb, scale, softcap, m, l, acc)
                 h += 4
             while h < nh:
-                _block_weights(sc, r * nh + h, n, ja, jb, scale, softcap, m, l, acc)
+                SM.block_weights(sc, r * nh + h, n, ja, jb, scale, softcap, m, l, acc)
                 h += 1
         _weighted_sum(acc, sc, nv, n, vbuf, use_bf16, pb, vb)
     for v in range(nv):
@@ -439,7 +348,7 @@ def _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window, n
 def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, lo, hi, hc, out, seq_bf16,
               cbase, kb_all, vb_all):
     """The items lo:hi of a plan, with scratch for the largest tile among them (decode: one row). Items of the
-    sequences s with seq_bf16[s] != 0 run in bf16 (an empty seq_bf16: none) on the blocks of _bf16_plan."""
+    sequences s with seq_bf16[s] != 0 run in bf16 (an empty seq_bf16: none) on the blocks of attention_blocks.bf16_plan."""
     D, G, BS = q.shape[2], q.shape[1] // k_cache.shape[2], k_cache.shape[1]
     Dp = (D + 31) // 32 * 32
     BS4 = (BS + 3) // 4 * 4
@@ -471,52 +380,6 @@ def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo
 
 
 @njit(**_JIT)
-def _bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16):
-    """The K/V blocks the bf16 sequences read, each to be rounded once per call (not once per tile: a 512-token
-    prompt's 64 tiles visit its 32 blocks 1056 times): per sequence the index base of its blocks in the
-    converted arrays, and per converted (block, kv head) the cache block, its keys and its kv head."""
-    BS, Hkv = k_cache.shape[1], k_cache.shape[2]
-    S = seq_lens.shape[0]
-    cbase = np.zeros(S, np.int64)
-    total = 1  # entry 0: a dummy, the arrays' first entry for tiles without bf16
-    for s in range(S):
-        if seq_bf16.shape[0] > 0 and seq_bf16[s] != 0 and query_start_loc[s + 1] > query_start_loc[s]:
-            first = row_lo[query_start_loc[s]] // BS  # rows' first visible keys only grow along a chunk
-            cbase[s] = total - first * Hkv
-            total += ((seq_lens[s] - 1) // BS + 1 - first) * Hkv
-    what = np.zeros((total, 3), np.int64)  # cache block, keys, kv head
-    for s in range(S):
-        if seq_bf16.shape[0] > 0 and seq_bf16[s] != 0 and query_start_loc[s + 1] > query_start_loc[s]:
-            first = row_lo[query_start_loc[s]] // BS
-            for b in range(first, (seq_lens[s] - 1) // BS + 1):
-                for kvh in range(Hkv):
-                    i = cbase[s] + b * Hkv + kvh
-                    what[i, 0], what[i, 1], what[i, 2] = block_tables[s, b], min(BS, seq_lens[s] - b * BS), kvh
-    return cbase, what
-
-
-@njit(**_JIT)
-def _bf16_block(k_cache, v_cache, what, i, kb_all, vb_all):
-    """Entry i of _bf16_plan rounded to bf16 into kb_all[i], vb_all[i] (attention_bf16's layouts)."""
-    Dp = kb_all.shape[2]
-    kbuf = np.zeros((k_cache.shape[1], Dp), np.float32)
-    vbuf = np.zeros((k_cache.shape[1], Dp), np.float32)
-    _load_block(k_cache, v_cache, what[i, 0], what[i, 2], what[i, 1], kbuf, vbuf)
-    B16.round_block(kbuf, vbuf, what[i, 1], kb_all[i], vb_all[i])
-
-
-@njit(**_JIT)
-def _bf16_arrays(k_cache, what):
-    """Room for _bf16_plan's blocks in attention_bf16's layouts (empty rows without bf16 sequences: a decode step's
-    layers allocate nothing to speak of)."""
-    D, BS = k_cache.shape[3], k_cache.shape[1]
-    Dp = (D + 31) // 32 * 32
-    some = what.shape[0] > 1
-    return (np.zeros((what.shape[0], (BS + 3) // 4 * 4 if some else 0, Dp), np.uint16),
-            np.zeros((what.shape[0], (BS + 1) // 2 if some else 0, 2 * Dp), np.uint16))
-
-
-@njit(**_JIT)
 def _check(q, k_cache, v_cache, query_start_loc, seq_bf16):
     if q.shape[1] % k_cache.shape[2] != 0 or k_cache.shape[3] != q.shape[2] or v_cache.shape != k_cache.shape:
         raise ValueError("paged_attention: q heads / head_dim do not match the KV cache")
@@ -531,10 +394,10 @@ def _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_table
     out = _check(q, k_cache, v_cache, query_start_loc, seq_bf16)
     row_pos, row_lo, items, bounds, hc = _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window,
                                                nthreads)
-    cbase, what = _bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16)
-    kb_all, vb_all = _bf16_arrays(k_cache, what)
+    cbase, what = KV.bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16)
+    kb_all, vb_all = KV.bf16_arrays(k_cache, what)
     for i in prange(what.shape[0] - 1):
-        _bf16_block(k_cache, v_cache, what, i + 1, kb_all, vb_all)
+        KV.bf16_block(k_cache, v_cache, what, i + 1, kb_all, vb_all)
     for part in prange(bounds.shape[0] - 1):
         _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, bounds[part],
                   bounds[part + 1], hc, out, seq_bf16, cbase, kb_all, vb_all)
@@ -547,10 +410,10 @@ def _paged_attention_serial(q, k_cache, v_cache, query_start_loc, seq_lens, bloc
     """_paged_attention on the calling thread, without a parallel region's launch (a decode step's layers)."""
     out = _check(q, k_cache, v_cache, query_start_loc, seq_bf16)
     row_pos, row_lo, items, bounds, hc = _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window, 1)
-    cbase, what = _bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16)
-    kb_all, vb_all = _bf16_arrays(k_cache, what)
+    cbase, what = KV.bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16)
+    kb_all, vb_all = KV.bf16_arrays(k_cache, what)
     for i in range(1, what.shape[0]):
-        _bf16_block(k_cache, v_cache, what, i, kb_all, vb_all)
+        KV.bf16_block(k_cache, v_cache, what, i, kb_all, vb_all)
     _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, 0, bounds[1], hc, out,
               seq_bf16, cbase, kb_all, vb_all)
     return out
