@@ -33,20 +33,22 @@ def bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16
     BS, Hkv = k_cache.shape[1], k_cache.shape[2]
     S = seq_lens.shape[0]
     cbase = np.zeros(S, np.int64)
+    first = np.full(S, -1, np.int64)  # first block a bf16 sequence reads (its first row's first visible key: they
+    # only grow along a chunk); -1: not converted
     total = 1  # entry 0: a dummy, the arrays' first entry for tiles without bf16
-    for s in range(S):
-        if seq_bf16.shape[0] > 0 and seq_bf16[s] != 0 and query_start_loc[s + 1] > query_start_loc[s]:
-            first = row_lo[query_start_loc[s]] // BS  # rows' first visible keys only grow along a chunk
-            cbase[s] = total - first * Hkv
-            total += ((seq_lens[s] - 1) // BS + 1 - first) * Hkv
+    for s in range(seq_bf16.shape[0]):  # empty seq_bf16 (decode steps): nothing to convert
+        if seq_bf16[s] != 0 and query_start_loc[s + 1] > query_start_loc[s]:
+            first[s] = row_lo[query_start_loc[s]] // BS
+            cbase[s] = total - first[s] * Hkv
+            total += ((seq_lens[s] - 1) // BS + 1 - first[s]) * Hkv
     what = np.zeros((total, 3), np.int64)  # cache block, keys, kv head
     for s in range(S):
-        if seq_bf16.shape[0] > 0 and seq_bf16[s] != 0 and query_start_loc[s + 1] > query_start_loc[s]:
-            first = row_lo[query_start_loc[s]] // BS
-            for b in range(first, (seq_lens[s] - 1) // BS + 1):
-                for kvh in range(Hkv):
-                    i = cbase[s] + b * Hkv + kvh
-                    what[i, 0], what[i, 1], what[i, 2] = block_tables[s, b], min(BS, seq_lens[s] - b * BS), kvh
+        if first[s] < 0:
+            continue
+        for b in range(first[s], (seq_lens[s] - 1) // BS + 1):
+            for kvh in range(Hkv):
+                i = cbase[s] + b * Hkv + kvh
+                what[i, 0], what[i, 1], what[i, 2] = block_tables[s, b], min(BS, seq_lens[s] - b * BS), kvh
     return cbase, what
 
 
