@@ -181,21 +181,26 @@ def _pv1(acc, v, p, vbuf, n):
 @njit(**_JIT)
 def _scores(qbuf, kbuf, nv, n, sc, use_bf16, qb, kb):
     """sc[v, :n] = q vector v . key jj for the tile's nv query vectors, in float32 or from the bf16 copies qb, kb
-    (key rows past n are stale but finite; their scores are unused)."""
+    (kb: attention_bf16.round_block's keys in pairs of D; keys past n are stale or zero but finite, their scores
+    unused)."""
+    if use_bf16:  # keys along the lanes, 16 at a time
+        for c in range(0, n, 16):
+            v = 0
+            while v + 8 <= nv:
+                B16.qk8(qb, v, kb, c, sc)
+                v += 8
+            while v < nv:
+                B16.qk1(qb, v, kb, c, sc)
+                v += 1
+        return
     v = 0
     while v + 4 <= nv:
         for jj in range(0, n, 4):
-            if use_bf16:
-                B16.qk4x4(qb, v, kb, jj, sc)
-            else:
-                _qk4x4(qbuf, v, kbuf, jj, sc)
+            _qk4x4(qbuf, v, kbuf, jj, sc)
         v += 4
     while v < nv:
         for jj in range(0, n, 4):
-            if use_bf16:
-                B16.qk1x4(qb, v, kb, jj, sc)
-            else:
-                _qk1x4(qbuf, v, kbuf, jj, sc)
+            _qk1x4(qbuf, v, kbuf, jj, sc)
         v += 1
 
 

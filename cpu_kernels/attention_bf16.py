@@ -2,30 +2,37 @@
 of V from bf16 roundings of q, K, V and the softmax weights, float32 sums (bf16x32._bdot: vdpbf16ps).
 
 Taken by long prefill chunks where the dense matmuls run in bf16 too (EngineArgs.prefill_dtype). A row's
-arithmetic is still fixed by construction: its q, a key and a value round the same way in any tile, the
-scores sum the same 16 lanes of D pairs in the same order, and V is walked in pairs of keys counted from the
+arithmetic is still fixed by construction: its q, a key and a value round the same way in any tile, a
+score sums the pairs of D in order in one lane, and V is walked in pairs of keys counted from the
 block's start (a pair past the row's keys has weight exactly 0), so a row gets the same bits in any tile.
-Layouts (uint16 bf16 bits, 2-D C-contiguous): qb/kb rows of Dp; vb row jp holds keys 2 jp and 2 jp + 1
-interleaved per element of D; pb row v the weights of query vector v in key order.
+Layouts (uint16 bf16 bits, 2-D C-contiguous): qb rows of Dp; kt row dp holds elements 2 dp, 2 dp + 1 of every key
+of the block, key after key; vb row jp holds keys 2 jp and 2 jp + 1 interleaved per element of D; pb row v the
+weights of query vector v in key order.
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from cpu_kernels.bf16x32 import _bdot, _bload, _bround, _bsplat2, _bstore, _bzip
-from cpu_kernels.vec16 import _vhsum4_store, _vload, _vstore, _vzero
+from cpu_kernels.vec16 import _vload, _vstore, _vzero
 
 _JIT = dict(cache=True, error_model="numpy")
 
 
 @njit(**_JIT)
-def round_block(kbuf, vbuf, n, kb, vb):
-    """The block's n float32 keys and values (kbuf, vbuf rows) rounded to bf16: keys as rows of kb, values in
-    pairs of keys as rows of vb (an odd last key is paired with itself; its partner's weight is 0)."""
-    Dp = kb.shape[1]
+def round_block(kbuf, vbuf, n, kt, vb):
+    """The block's n float32 keys and values (kbuf, vbuf rows) rounded to bf16: keys in pairs of D (kt row dp holds
+    elements 2 dp and 2 dp + 1 of each key side by side, key after key; the lanes of missing keys stay as they are),
+    values in pairs of keys as rows of vb (an odd last key is paired with itself; its partner's weight is 0)."""
+    Dp = kbuf.shape[1]
+    row = np.empty(Dp, np.uint16)
     for jj in range(n):
         for c in range(0, Dp, 32):
-            _bstore(kb, jj * Dp + c, _bround(_vload(kbuf, jj * Dp + c), _vload(kbuf, jj * Dp + c + 16)))
+            _bstore(row, c, _bround(_vload(kbuf, jj * Dp + c), _vload(kbuf, jj * Dp + c + 16)))
+        for dp in range(Dp // 2):
+            kt[dp, 2 * jj] = row[2 * dp]
+            kt[dp, 2 * jj + 1] = row[2 * dp + 1]
     for jp in range((n + 1) // 2):
         ja = 2 * jp
         jb = ja + 1 if ja + 1 < n else ja
@@ -34,45 +41,41 @@ def round_block(kbuf, vbuf, n, kb, vb):
 
 
 @njit(**_JIT)
-def qk4x4(qb, v, kb, j, sc):
-    """sc[v + a, j + b] = qb[v + a] . kb[j + b] for a, b in 0..3."""
-    Dp = qb.shape[1]
-    q0, k0 = v * Dp, j * Dp
-    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = _vzero()
-    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = _vzero()
-    for c in range(0, Dp, 32):
-        k_0 = _bload(kb, k0 + c)
-        k_1 = _bload(kb, k0 + Dp + c)
-        k_2 = _bload(kb, k0 + 2 * Dp + c)
-        k_3 = _bload(kb, k0 + 3 * Dp + c)
-        x = _bload(qb, q0 + c)
-        a00, a01, a02, a03 = _bdot(a00, x, k_0), _bdot(a01, x, k_1), _bdot(a02, x, k_2), _bdot(a03, x, k_3)
-        x = _bload(qb, q0 + Dp + c)
-        a10, a11, a12, a13 = _bdot(a10, x, k_0), _bdot(a11, x, k_1), _bdot(a12, x, k_2), _bdot(a13, x, k_3)
-        x = _bload(qb, q0 + 2 * Dp + c)
-        a20, a21, a22, a23 = _bdot(a20, x, k_0), _bdot(a21, x, k_1), _bdot(a22, x, k_2), _bdot(a23, x, k_3)
-        x = _bload(qb, q0 + 3 * Dp + c)
-        a30, a31, a32, a33 = _bdot(a30, x, k_0), _bdot(a31, x, k_1), _bdot(a32, x, k_2), _bdot(a33, x, k_3)
+def qk8(qb, v, kt, c, sc):
+    """sc[v + a, c:c + 16] = qb[v + a] . keys c..c+15 for a in 0..7: the keys along the lanes (kt: round_block's
+    pairs of D), each query's pair of D broadcast, so no lane sums; one chain per query vector, D pair after pair."""
+    Dp, T = qb.shape[1], kt.shape[1]
+    q0 = v * Dp
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _vzero()
+    for dp in range(Dp // 2):
+        k = _bload(kt, dp * T + 2 * c)
+        a0 = _bdot(a0, k, _bsplat2(qb, q0 + 2 * dp))
+        a1 = _bdot(a1, k, _bsplat2(qb, q0 + Dp + 2 * dp))
+        a2 = _bdot(a2, k, _bsplat2(qb, q0 + 2 * Dp + 2 * dp))
+        a3 = _bdot(a3, k, _bsplat2(qb, q0 + 3 * Dp + 2 * dp))
+        a4 = _bdot(a4, k, _bsplat2(qb, q0 + 4 * Dp + 2 * dp))
+        a5 = _bdot(a5, k, _bsplat2(qb, q0 + 5 * Dp + 2 * dp))
+        a6 = _bdot(a6, k, _bsplat2(qb, q0 + 6 * Dp + 2 * dp))
+        a7 = _bdot(a7, k, _bsplat2(qb, q0 + 7 * Dp + 2 * dp))
     W = sc.shape[1]
-    _vhsum4_store(a00, a01, a02, a03, sc, v * W + j)
-    _vhsum4_store(a10, a11, a12, a13, sc, (v + 1) * W + j)
-    _vhsum4_store(a20, a21, a22, a23, sc, (v + 2) * W + j)
-    _vhsum4_store(a30, a31, a32, a33, sc, (v + 3) * W + j)
+    _vstore(sc, v * W + c, a0)
+    _vstore(sc, (v + 1) * W + c, a1)
+    _vstore(sc, (v + 2) * W + c, a2)
+    _vstore(sc, (v + 3) * W + c, a3)
+    _vstore(sc, (v + 4) * W + c, a4)
+    _vstore(sc, (v + 5) * W + c, a5)
+    _vstore(sc, (v + 6) * W + c, a6)
+    _vstore(sc, (v + 7) * W + c, a7)
 
 
 @njit(**_JIT)
-def qk1x4(qb, v, kb, j, sc):
-    """qk4x4 for one query vector."""
-    Dp = qb.shape[1]
-    q0, k0 = v * Dp, j * Dp
-    a0 = a1 = a2 = a3 = _vzero()
-    for c in range(0, Dp, 32):
-        x = _bload(qb, q0 + c)
-        a0 = _bdot(a0, x, _bload(kb, k0 + c))
-        a1 = _bdot(a1, x, _bload(kb, k0 + Dp + c))
-        a2 = _bdot(a2, x, _bload(kb, k0 + 2 * Dp + c))
-        a3 = _bdot(a3, x, _bload(kb, k0 + 3 * Dp + c))
-    _vhsum4_store(a0, a1, a2, a3, sc, v * sc.shape[1] + j)
+def qk1(qb, v, kt, c, sc):
+    """qk8 for one query vector (the same chain, the same bits)."""
+    Dp, T = qb.shape[1], kt.shape[1]
+    a = _vzero()
+    for dp in range(Dp // 2):
+        a = _bdot(a, _bload(kt, dp * T + 2 * c), _bsplat2(qb, v * Dp + 2 * dp))
+    _vstore(sc, v * sc.shape[1] + c, a)
 
 
 @njit(**_JIT)

@@ -55,7 +55,7 @@ def bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16
 @njit(**_JIT)
 def bf16_block(k_cache, v_cache, what, i, kb_all, vb_all):
     """Entry i of bf16_plan rounded to bf16 into kb_all[i], vb_all[i] (attention_bf16's layouts)."""
-    Dp = kb_all.shape[2]
+    Dp = vb_all.shape[2] // 2
     kbuf = np.zeros((k_cache.shape[1], Dp), np.float32)
     vbuf = np.zeros((k_cache.shape[1], Dp), np.float32)
     load_block(k_cache, v_cache, what[i, 0], what[i, 2], what[i, 1], kbuf, vbuf)
@@ -69,5 +69,6 @@ def bf16_arrays(k_cache, what):
     D, BS = k_cache.shape[3], k_cache.shape[1]
     Dp = (D + 31) // 32 * 32
     some = what.shape[0] > 1
-    return (np.zeros((what.shape[0], (BS + 3) // 4 * 4 if some else 0, Dp), np.uint16),
+    W = (BS + 15) // 16 * 16  # whole 16-key chunks: attention_bf16.qk8 reads 16 lanes
+    return (np.zeros((what.shape[0], Dp // 2 if some else 0, 2 * W), np.uint16),
             np.zeros((what.shape[0], (BS + 1) // 2 if some else 0, 2 * Dp), np.uint16))
