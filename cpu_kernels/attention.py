@@ -179,18 +179,18 @@ def _pv1(acc, v, p, vbuf, n):
 
 
 @njit(**_JIT)
-def _scores(qbuf, kbuf, nv, n, sc, use_bf16, qb, kb):
-    """sc[v, :n] = q vector v . key jj for the tile's nv query vectors, in float32 or from the bf16 copies qb, kb
-    (kb: attention_bf16.round_block's keys in pairs of D; keys past n are stale or zero but finite, their scores
+def _scores(qbuf, kbuf, nv, n, sc, use_bf16, qb, kt):
+    """sc[v, :n] = q vector v . key jj for the tile's nv query vectors, in float32 or from the bf16 copies qb, kt
+    (kt: attention_bf16.round_block's keys in pairs of D; keys past n are stale or zero but finite, their scores
     unused)."""
     if use_bf16:  # keys along the lanes, 16 at a time
         for c in range(0, n, 16):
             v = 0
             while v + 8 <= nv:
-                B16.qk8(qb, v, kb, c, sc)
+                B16.qk8(qb, v, kt, c, sc)
                 v += 8
             while v < nv:
-                B16.qk1(qb, v, kb, c, sc)
+                B16.qk1(qb, v, kt, c, sc)
                 v += 1
         return
     v = 0
@@ -228,7 +228,7 @@ def _weighted_sum(acc, sc, nv, n, vbuf, use_bf16, pb, vb):
 # ---------------------------------------------------------------- paged attention
 @njit(**_JIT)
 def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, row_pos, scale, softcap,
-                 qbuf, kbuf, vbuf, acc, sc, m, l, use_bf16, qb, pb, kb_all, vb_all, cbase):
+                 qbuf, kbuf, vbuf, acc, sc, m, l, use_bf16, qb, pb, kt_all, vb_all, cbase):
     """out[t, h] for rows t0..t0+nr-1 of one sequence and heads h0..h0+nh-1 of kv head kvh.
 
     Query vector v = (row v // nh, head v % nh). Each K/V block is converted once for the whole tile and
@@ -236,7 +236,7 @@ def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, 
     outside its own range lo..p (weight exactly 0), so its result is the one it gets alone.
     use_bf16: the scores and the weighted sum of V multiply bf16 roundings of q, K, V and the weights (sums in
     float32; scratch qb, pb): about twice the products per instruction, for long prefill chunks. Their K/V blocks
-    were rounded once for the whole call (attention_blocks.bf16_plan): block b of kv head kvh is kb_all/vb_all[cbase + b * Hkv + kvh].
+    were rounded once for the whole call (attention_blocks.bf16_plan): block b of kv head kvh is kt_all/vb_all[cbase + b * Hkv + kvh].
     """
     D = q.shape[2]
     BS = k_cache.shape[1]
@@ -266,11 +266,11 @@ def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, 
         n = j1 - j0
         if use_bf16:
             ci = cbase + b * k_cache.shape[2] + kvh
-            kb, vb = kb_all[ci], vb_all[ci]
+            kt, vb = kt_all[ci], vb_all[ci]
         else:
             KV.load_block(k_cache, v_cache, blk, kvh, n, kbuf, vbuf)
-            kb, vb = kb_all[0], vb_all[0]  # unused
-        _scores(qbuf, kbuf, nv, n, sc, use_bf16, qb, kb)
+            kt, vb = kt_all[0], vb_all[0]  # unused
+        _scores(qbuf, kbuf, nv, n, sc, use_bf16, qb, kt)
         for r in range(nr):
             ja, jb = max(row_lo[t0 + r], j0) - j0, min(row_pos[t0 + r] + 1, j1) - j0
             h = 0
@@ -351,7 +351,7 @@ def _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window, n
 
 @njit(**_JIT)
 def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, lo, hi, hc, out, seq_bf16,
-              cbase, kb_all, vb_all):
+              cbase, kt_all, vb_all):
     """The items lo:hi of a plan, with scratch for the largest tile among them (decode: one row). Items of the
     sequences s with seq_bf16[s] != 0 run in bf16 (an empty seq_bf16: none) on the blocks of attention_blocks.bf16_plan."""
     D, G, BS = q.shape[2], q.shape[1] // k_cache.shape[2], k_cache.shape[1]
@@ -381,7 +381,7 @@ def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo
         use_bf16 = seq_bf16.shape[0] > 0 and seq_bf16[s] != 0
         _attend_tile(q, k_cache, v_cache, out, items[it, 0], items[it, 1], h0, nh, kvh, block_tables[s],
                      row_lo, row_pos, np.float32(scale), np.float32(softcap), qbuf, kbuf, vbuf, acc, sc, m, l,
-                     use_bf16, qb, pb, kb_all, vb_all, cbase[s] if use_bf16 else 0)
+                     use_bf16, qb, pb, kt_all, vb_all, cbase[s] if use_bf16 else 0)
 
 
 @njit(**_JIT)
@@ -400,12 +400,12 @@ def _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_table
     row_pos, row_lo, items, bounds, hc = _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window,
                                                nthreads)
     cbase, what = KV.bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16)
-    kb_all, vb_all = KV.bf16_arrays(k_cache, what)
+    kt_all, vb_all = KV.bf16_arrays(k_cache, what)
     for i in prange(what.shape[0] - 1):
-        KV.bf16_block(k_cache, v_cache, what, i + 1, kb_all, vb_all)
+        KV.bf16_block(k_cache, v_cache, what, i + 1, kt_all, vb_all)
     for part in prange(bounds.shape[0] - 1):
         _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, bounds[part],
-                  bounds[part + 1], hc, out, seq_bf16, cbase, kb_all, vb_all)
+                  bounds[part + 1], hc, out, seq_bf16, cbase, kt_all, vb_all)
     return out
 
 
@@ -416,11 +416,11 @@ def _paged_attention_serial(q, k_cache, v_cache, query_start_loc, seq_lens, bloc
     out = _check(q, k_cache, v_cache, query_start_loc, seq_bf16)
     row_pos, row_lo, items, bounds, hc = _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window, 1)
     cbase, what = KV.bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16)
-    kb_all, vb_all = KV.bf16_arrays(k_cache, what)
+    kt_all, vb_all = KV.bf16_arrays(k_cache, what)
     for i in range(1, what.shape[0]):
-        KV.bf16_block(k_cache, v_cache, what, i, kb_all, vb_all)
+        KV.bf16_block(k_cache, v_cache, what, i, kt_all, vb_all)
     _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, 0, bounds[1], hc, out,
-              seq_bf16, cbase, kb_all, vb_all)
+              seq_bf16, cbase, kt_all, vb_all)
     return out
 
 

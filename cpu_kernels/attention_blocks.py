@@ -53,13 +53,13 @@ def bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16
 
 
 @njit(**_JIT)
-def bf16_block(k_cache, v_cache, what, i, kb_all, vb_all):
-    """Entry i of bf16_plan rounded to bf16 into kb_all[i], vb_all[i] (attention_bf16's layouts)."""
+def bf16_block(k_cache, v_cache, what, i, kt_all, vb_all):
+    """Entry i of bf16_plan rounded to bf16 into kt_all[i], vb_all[i] (attention_bf16's layouts)."""
     Dp = vb_all.shape[2] // 2
     kbuf = np.zeros((k_cache.shape[1], Dp), np.float32)
     vbuf = np.zeros((k_cache.shape[1], Dp), np.float32)
     load_block(k_cache, v_cache, what[i, 0], what[i, 2], what[i, 1], kbuf, vbuf)
-    B16.round_block(kbuf, vbuf, what[i, 1], kb_all[i], vb_all[i])
+    B16.round_block(kbuf, vbuf, what[i, 1], kt_all[i], vb_all[i])
 
 
 @njit(**_JIT)
