@@ -13,8 +13,11 @@ from .threads import serial_if, serial_work
 # Measured here (2 threads, best of 7): Q4_K 4096x4096 M=16 4.5 vs 10.9 ms, M=64 16.8 vs 22.0 ms;
 # Q5_0 2048x640 M=32 1.2 vs 2.8 ms, M=64 2.9 vs 1.7 ms.
 GEMV_MAX_M = 32
-# Rows of W dequantized per torch call on the prefill path: about this many weights per tile.
+# Rows of W dequantized per torch call on the prefill path: about this many weights per tile, in whole 256-row
+# steps and at least MIN_TILE_ROWS: oneDNN's bf16 GEMM at M = 512 took 1.4-1.7x as long on 512-row tiles as on
+# 1024-4096 (AMX host; K = 4096 and 14336).
 TILE_ELEMS = 1 << 23
+MIN_TILE_ROWS = 1024
 # Precisions of the dense (prefill) path: float32 agrees with the GEMV to summation order; bfloat16 runs
 # oneDNN's bf16 GEMM (AMX or AVX512-BF16, 3-6x faster here) and rounds inputs and outputs to bf16.
 DENSE_DTYPES = ("auto", "float32", "bfloat16")
@@ -167,7 +170,7 @@ class QuantLinear:
             xt = torch.from_numpy(x).to(torch.bfloat16)
         else:
             xt = torch.from_numpy(q8_roundtrip(x) if self.fmt.int8_activations else x)
-        tile = min(self.N, max(16, TILE_ELEMS // self.K))
+        tile = min(self.N, max(MIN_TILE_ROWS, TILE_ELEMS // self.K // 256 * 256))
         buf = _tile_buffer(tile * self.K, np.uint16 if bf16 else np.float32).reshape(tile, self.K)
         rows = np.arange(self.N, dtype=np.int64)
         for lo in range(0, self.N, tile):

@@ -71,7 +71,8 @@ def _float(t, dtype, gemv, deq) -> QuantFormat:
 
 
 # The int8 GEMV beats the bf16 GEMM for long prompts too (gemv_prefill_min_k): AVX-512 VNNI, and no AMX tiles.
-WIDE_PREFILL = PAIR and "amx-bf16" not in HOST_FEATURES
+AMX = "amx-bf16" in HOST_FEATURES
+WIDE_PREFILL = PAIR and not AMX
 
 FORMATS: dict[Q, QuantFormat] = {
     f.ggml_type: f for f in (
@@ -88,7 +89,7 @@ FORMATS: dict[Q, QuantFormat] = {
         _quant(Q.Q2_K, ("qs", "sc", "d", "dmin"), repack.q2_k, k_lowbit.gemv_q2_k, k_lowbit.deq_q2_k),
         _quant(Q.Q3_K, ("hmask", "qs", "sc", "d"), repack.q3_k, k_lowbit.gemv_q3_k, k_lowbit.deq_q3_k),
         _quant(Q.Q4_K, ("qs", "sc", "mn", "d", "dmin"), repack.q4_k, k_kquants_x8.gemv_q4_k, k_kquants_x8.deq_q4_k,
-               row_block=8, gemv_prefill=True, gemv_prefill_min_k=256 if WIDE_PREFILL else 4096),
+               row_block=8, gemv_prefill=True, gemv_prefill_min_k=256 if WIDE_PREFILL else 0 if AMX else 4096),
         _quant(Q.Q5_K, ("qs", "qh", "sc", "mn", "d", "dmin"), repack.q5_k, k_kquants.gemv_q5_k,
                k_kquants.deq_q5_k),
         _quant(Q.Q6_K, ("ql", "qh", "sc", "d"), repack.q6_k, k_kquants_x8.gemv_q6_k, k_kquants_x8.deq_q6_k,

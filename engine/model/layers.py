@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpu_kernels import activations, attention, norms, rope
+from cpu_kernels import activations, attention, attention_sdpa, norms, rope
 from cpu_kernels.attn_inputs import attn_inputs
 from cpu_kernels.bf16x32 import HAS_BF16_DOT
 from cpu_kernels.quant.linear import GEMV_MAX_M, QuantLinear
@@ -254,10 +254,15 @@ class Attention:
                             meta.slot_mapping)
         # Work ~ query rows x context x heads x head_dim (a decode over a short context is tiny).
         work = t * meta.max_seq_len * self.num_heads * self.head_dim
-        with serial_if(work < serial_work()):
-            out = attention.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
-                                            meta.block_tables, self.scale, self.sliding_window, self.softcap,
-                                            None if self.batch_invariant else ROWS.bf16_attention(x))
+        long_seqs = None if self.batch_invariant else ROWS.bf16_attention(x)
+        if long_seqs is not None and not self.softcap and attention_sdpa.enabled():
+            out = attention_sdpa.mixed_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                                                 meta.block_tables, self.scale, self.sliding_window, long_seqs)
+        else:
+            with serial_if(work < serial_work()):
+                out = attention.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                                                meta.block_tables, self.scale, self.sliding_window, self.softcap,
+                                                long_seqs)
         return self.o(out.reshape(t, self.num_heads * self.head_dim))
 
 

@@ -146,9 +146,11 @@ def test_auto_long_matmul_is_bf16_where_native_else_the_int8_gemv(case):
 
 def test_gemv_prefill_min_k_follows_the_host():
     """With two-group passes and no AMX (WIDE_PREFILL) the GEMV takes long chunks of Q4_K, Q5_0 and Q8_0 at every
-    K and Q6_K from the 8B shapes on; elsewhere only Q4_K from K = 4096."""
-    from cpu_kernels.quant.registry import WIDE_PREFILL
-    want = {Q.Q4_K: 256, Q.Q5_0: 32, Q.Q8_0: 32, Q.Q6_K: 4096} if WIDE_PREFILL else {Q.Q4_K: 4096}
+    K and Q6_K from the 8B shapes on; with AMX the bf16 GEMM takes them all; elsewhere the GEMV takes Q4_K from
+    K = 4096."""
+    from cpu_kernels.quant.registry import AMX, WIDE_PREFILL
+    want = ({Q.Q4_K: 256, Q.Q5_0: 32, Q.Q8_0: 32, Q.Q6_K: 4096} if WIDE_PREFILL else {} if AMX
+            else {Q.Q4_K: 4096})
     got = {t: f.gemv_prefill_min_k for t, f in FORMATS.items() if f.gemv_prefill_min_k}
     assert got == want
 
@@ -157,6 +159,8 @@ def test_auto_long_matmul_takes_the_gemv_from_min_k_on():
     """Q4_K with K >= gemv_prefill_min_k runs the int8 GEMV for long chunks even where bf16 is native: bitwise
     what each row gives alone."""
     fmt = FORMATS[Q.Q4_K]
+    if not fmt.gemv_prefill_min_k:
+        pytest.skip("AMX host: long chunks of every K take the bf16 GEMM")
     assert fmt.gemv_prefill and fmt.gemv_prefill_min_k in (256, 4096)
     N, K = 16, fmt.gemv_prefill_min_k
     w, raw, deq = make(Q.Q4_K, N, K)
@@ -174,6 +178,7 @@ def test_prefill_in_several_tiles(monkeypatch):
         x = np.random.default_rng(3).standard_normal((GEMV_MAX_M + 8, K)).astype(np.float32)  # dense path
         whole = lin.matmul(x)
         monkeypatch.setattr(linear, "TILE_ELEMS", 16 * K)  # 16 rows per tile: 3 tiles
+        monkeypatch.setattr(linear, "MIN_TILE_ROWS", 16)
         # float32 GEMM blocking differs by tile shape: equal to float32 rounding, not bitwise
         np.testing.assert_allclose(lin.matmul(x), whole, rtol=1e-5, atol=1e-5 * np.abs(whole).max())
         monkeypatch.undo()

@@ -1,0 +1,88 @@
+"""Long prefill chunks' attention through torch's bf16 scaled_dot_product_attention, on hosts with AMX.
+
+oneDNN multiplies bf16 on AMX tiles (torch asks the kernel for them), several times what the AVX-512 kernels
+of attention_bf16 reach: a 512-token chunk of gemma-3-270m's shape (4 heads of 256 on one kv head) 1.0 ms per
+layer against about 4 ms, of the 8B shape (32 heads of 128 on 8) 4.1 ms against about 90 ms. Each chunk reads
+its sequence's keys and values back from the paged cache (as the paged kernel does, so prefix-cached and
+chunked prompts see the same cache values); other rows (decodes, short chunks) stay on paged_attention.
+Inputs and outputs round to bf16 with float32 sums, like the bf16 rows of paged_attention; neither is batch
+invariant, so batch_invariant runs use neither.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from cpu_kernels import attention
+from cpu_kernels.quant.simd import HOST_FEATURES
+
+
+def enabled() -> bool:
+    """Whether long chunks take this path: AMX hosts, unless RAMLM_SDPA_PREFILL says 0 or 1."""
+    forced = os.environ.get("RAMLM_SDPA_PREFILL")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return "amx-bf16" in HOST_FEATURES
+
+
+def sequence_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, seq_len: int,
+                       block_row: np.ndarray, scale: float, sliding_window: int = 0) -> np.ndarray:
+    """Causal attention of one sequence's last q.shape[0] positions over its seq_len cached keys.
+
+    q: f32 (T, Hq, D); k_cache, v_cache: (num_blocks, block_size, Hkv, D) f16 or f32 holding positions
+    0..seq_len-1 in the blocks block_row lists. Returns f32 (T, Hq, D), as paged_attention's rows.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    T, Hq, D = q.shape
+    BS, Hkv = k_cache.shape[1], k_cache.shape[2]
+    if not 0 < T <= seq_len or Hq % Hkv or k_cache.shape[3] != D or v_cache.shape != k_cache.shape:
+        raise ValueError("sequence_attention: q does not fit the cache or seq_len")
+    nb = -(-seq_len // BS)
+    ids = torch.from_numpy(np.ascontiguousarray(block_row[:nb], dtype=np.int64))
+
+    def gathered(cache):  # (1, Hkv, seq_len, D) bf16
+        c = torch.from_numpy(cache).index_select(0, ids).reshape(nb * BS, Hkv, D)[:seq_len]
+        return c.to(torch.bfloat16).permute(1, 0, 2).unsqueeze(0)
+
+    ctx = seq_len - T
+    mask, causal = None, True
+    if ctx or 0 < sliding_window < T:  # rows start past position 0, or a window cuts: the mask says which keys
+        pos = torch.arange(ctx, seq_len).unsqueeze(1)
+        key = torch.arange(seq_len).unsqueeze(0)
+        mask = key <= pos
+        if sliding_window > 0:
+            mask &= key > pos - sliding_window
+        causal = False
+    qt = torch.from_numpy(np.ascontiguousarray(q, dtype=np.float32)).to(torch.bfloat16).permute(1, 0, 2).unsqueeze(0)
+    o = F.scaled_dot_product_attention(qt, gathered(k_cache), gathered(v_cache), attn_mask=mask, is_causal=causal,
+                                       scale=float(scale), enable_gqa=Hq != Hkv)
+    out = np.empty((T, Hq, D), np.float32)
+    torch.from_numpy(out).copy_(o[0].permute(1, 0, 2))
+    return out
+
+
+def mixed_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window,
+                    long_seqs: np.ndarray) -> np.ndarray:
+    """paged_attention (no softcap) with the sequences flagged in long_seqs through sequence_attention."""
+    qsl = np.asarray(query_start_loc, dtype=np.int64)
+    out = np.zeros(q.shape, np.float32)
+    rest = []
+    for s in range(len(seq_lens)):
+        a, b = int(qsl[s]), int(qsl[s + 1])
+        if b <= a:
+            continue
+        if long_seqs[s]:
+            out[a:b] = sequence_attention(q[a:b], k_cache, v_cache, int(seq_lens[s]), block_tables[s], scale,
+                                          sliding_window)
+        else:
+            rest.append(s)
+    if rest:  # every other row as its own sequence's rows in a smaller batch: the same bits (batch invariance)
+        rows = np.concatenate([np.arange(qsl[s], qsl[s + 1]) for s in rest])
+        sub_qsl = np.concatenate([[0], np.cumsum([qsl[s + 1] - qsl[s] for s in rest])]).astype(np.int32)
+        out[rows] = attention.paged_attention(q[rows], k_cache, v_cache, sub_qsl,
+                                              np.ascontiguousarray(seq_lens[rest]),
+                                              np.ascontiguousarray(block_tables[rest]), scale, sliding_window)
+    return out
