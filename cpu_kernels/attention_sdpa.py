@@ -40,18 +40,20 @@ def sequence_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, 
     BS, Hkv = k_cache.shape[1], k_cache.shape[2]
     if not 0 < T <= seq_len or Hq % Hkv or k_cache.shape[3] != D or v_cache.shape != k_cache.shape:
         raise ValueError("sequence_attention: q does not fit the cache or seq_len")
-    nb = -(-seq_len // BS)
-    ids = torch.from_numpy(np.ascontiguousarray(block_row[:nb], dtype=np.int64))
+    ctx = seq_len - T
+    # Keys from the first one the first row sees: a sliding window over a long context reads only its tail.
+    b0 = (max(0, ctx - sliding_window + 1) if sliding_window > 0 else 0) // BS
+    k0, nb = b0 * BS, -(-seq_len // BS)
+    ids = torch.from_numpy(np.ascontiguousarray(block_row[b0:nb], dtype=np.int64))
 
-    def gathered(cache):  # (1, Hkv, seq_len, D) bf16
-        c = torch.from_numpy(cache).index_select(0, ids).reshape(nb * BS, Hkv, D)[:seq_len]
+    def gathered(cache):  # (1, Hkv, seq_len - k0, D) bf16
+        c = torch.from_numpy(cache).index_select(0, ids).reshape((nb - b0) * BS, Hkv, D)[:seq_len - k0]
         return c.to(torch.bfloat16).permute(1, 0, 2).unsqueeze(0)
 
-    ctx = seq_len - T
     mask, causal = None, True
-    if ctx or 0 < sliding_window < T:  # rows start past position 0, or a window cuts: the mask says which keys
+    if k0 < ctx or 0 < sliding_window < T:  # rows start past the first key, or a window cuts: a mask says which
         pos = torch.arange(ctx, seq_len).unsqueeze(1)
-        key = torch.arange(seq_len).unsqueeze(0)
+        key = torch.arange(k0, seq_len).unsqueeze(0)
         mask = key <= pos
         if sliding_window > 0:
             mask &= key > pos - sliding_window
