@@ -29,9 +29,12 @@ def machine() -> dict:
 
 
 def isa() -> str:
-    """The int8 instruction set the kernels use here: a Zen 4 and a Zen 3 host differ several-fold."""
+    """The instruction set that sets the kernels' speed here: a Zen 4 and a Zen 3 host differ several-fold, and
+    AMX hosts run long prefill chunks on bf16 tiles (avx512-amx)."""
     from cpu_kernels.quant import simd
-    return "avx512-vnni" if simd.HAS_VNNI else "avx2" if simd.HAS_AVX2 else "generic"
+    if simd.HAS_VNNI:
+        return "avx512-amx" if "amx-bf16" in simd.HOST_FEATURES else "avx512-vnni"
+    return "avx2" if simd.HAS_AVX2 else "generic"
 
 
 def git_revision() -> str:
