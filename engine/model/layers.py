@@ -1,6 +1,8 @@
 """Building blocks shared by the architecture files: each holds its weights and calls cpu_kernels."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from cpu_kernels import activations, attention, attention_sdpa, norms, rope
@@ -83,21 +85,22 @@ class Linear:
     def out_features(self) -> int:
         return self.weight.N
 
-    def __call__(self, x: np.ndarray, per_row: bool = False) -> np.ndarray:
-        """per_row: every row runs the M = 1 kernel (rows of different sequences, e.g. sampled rows)."""
+    def __call__(self, x: np.ndarray, per_row: bool = False, scratch: np.ndarray | None = None) -> np.ndarray:
+        """per_row: every row runs the M = 1 kernel (rows of different sequences, e.g. sampled rows).
+        scratch: f32 (T, N) the result of a long prefill chunk may be written into (the caller's own buffer)."""
         if self.weight.nbytes * x.shape[0] >= serial_work():
-            return self._matmul(x, per_row)  # the common case: no thread-count switch to enter
+            return self._matmul(x, per_row, scratch)  # the common case: no thread-count switch to enter
         with serial_if(True):
-            return self._matmul(x, per_row)
+            return self._matmul(x, per_row, scratch)
 
-    def _matmul(self, x: np.ndarray, per_row: bool) -> np.ndarray:
+    def _matmul(self, x: np.ndarray, per_row: bool, scratch: np.ndarray | None = None) -> np.ndarray:
         w, rows = self.weight, ROWS
         if self.batch_invariant or per_row or not rows.applies_to(x):
             y = w.matmul(x, batch_invariant=self.batch_invariant or per_row)
         elif not rows.large:  # decodes and short chunks only
             y = w.matmul(x, batch_invariant=True)
         elif len(rows.large) == 1 and not rows.small.size:  # one long prefill chunk
-            y = w.matmul(x, dense_dtype=rows.dense_dtype)
+            y = w.matmul(x, out=scratch, dense_dtype=rows.dense_dtype)
         else:
             y = np.empty((x.shape[0], w.N), np.float32)
             if rows.small.size:
@@ -107,6 +110,23 @@ class Linear:
         if self.bias is not None:
             y += self.bias
         return y
+
+
+# glibc serves requests up to 32 MiB from its heap and reuses them; larger ones are fresh mappings, faulted in page
+# by page on every call: the 8B shape's 512-row gate|up output (59 MB) took ~480k page faults per prefill.
+BIG_BYTES = 32 << 20
+KEEP_BYTES = 256 << 20  # larger results (chunks of thousands of rows) stay fresh: a buffer held for good costs RAM
+_scratch = threading.local()
+
+
+def big_scratch(shape: tuple[int, int]) -> np.ndarray | None:
+    """This thread's reused f32 buffer of `shape` when it is larger than BIG_BYTES (up to KEEP_BYTES), else None."""
+    if not BIG_BYTES < shape[0] * shape[1] * 4 <= KEEP_BYTES:
+        return None
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < shape[0] * shape[1]:
+        buf = _scratch.buf = np.empty(shape[0] * shape[1], np.float32)
+    return buf[:shape[0] * shape[1]].reshape(shape)
 
 
 class Projections:
@@ -151,14 +171,15 @@ class Projections:
 
     def stacked(self, x: np.ndarray) -> np.ndarray | None:
         """The parts' outputs side by side in one (T, sum N) array when they run as one matmul and are equally
-        wide (the gated activations read the halves in place); None otherwise."""
+        wide (the gated activations read the halves in place); None otherwise. A large result may live in this
+        thread's scratch buffer (big_scratch): use it before the next call."""
         if len(self.groups) != 1 or self._replaced():
             return None
         lin, spans = self.groups[0]
         in_order = [i for i, _, _ in spans] == list(range(len(self.parts)))
         if len(spans) < 2 or not in_order or len({hi - lo for _, lo, hi in spans}) != 1:
             return None
-        return lin(x)
+        return lin(x, scratch=big_scratch((x.shape[0], lin.out_features)))
 
     def columns(self, x: np.ndarray) -> list[tuple[np.ndarray, int]]:
         """Per part, (the C-contiguous output holding it, its first column): no copies of stacked parts."""

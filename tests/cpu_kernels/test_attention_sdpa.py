@@ -62,14 +62,17 @@ def tiny(request, tmp_path_factory):
 @pytest.mark.parametrize("sdpa", ["0", "1"])
 def test_long_chunks_match_transformers_either_way(tiny, monkeypatch, sdpa):
     """bf16 prefill of a fresh 48-token prompt beside a short one, and of a 40-token chunk after a 40-token
-    cached prefix, against HF transformers; RAMLM_SDPA_PREFILL picks SDPA or paged_attention's bf16 rows."""
+    cached prefix, against HF transformers; RAMLM_SDPA_PREFILL picks SDPA or paged_attention's bf16 rows. The
+    layers' gate|up outputs share layers.big_scratch's buffer."""
     from engine.model.loader import load_model
     from engine.runner import ModelRunner, SeqChunk
     from tests.cpu_kernels.test_attention_bf16 import HAS_BF16_DOT
     from tests.model.tiny_models import hf_logits
     if not HAS_BF16_DOT:
         pytest.skip("no native bf16: long chunks stay float32")
+    from engine.model import layers
     monkeypatch.setenv("RAMLM_SDPA_PREFILL", sdpa)
+    monkeypatch.setattr(layers, "BIG_BYTES", 1 << 10)  # every layer's gate|up output in the one scratch buffer
     calls = []
     real = S.mixed_attention
     monkeypatch.setattr(S, "mixed_attention", lambda *a: calls.append(1) or real(*a))

@@ -177,3 +177,33 @@ def test_a_new_signature_compiles_in_the_background(model, calls, monkeypatch, t
     runner.execute([SeqChunk((4,), 3, (1,), "last")])
     assert calls[0] == len(model.blocks)
     assert any(p.name.startswith("fused-block-") for p in tmp_path.iterdir())
+
+
+def test_long_chunk_through_the_scratch_buffer_gives_the_same_logits(model, monkeypatch):
+    """Every layer's stacked gate|up output in the one scratch buffer: the same bits as fresh arrays."""
+    from engine.model import layers
+
+    def logits():
+        runner = ModelRunner(model, num_blocks=20, block_size=16, kv_cache_dtype="fp32")
+        return runner.execute([SeqChunk(tuple(range(1, 41)), 0, (1, 2, 3), "all")])[0]
+
+    fresh = logits()
+    used = []
+    real = layers.big_scratch
+    monkeypatch.setattr(layers, "BIG_BYTES", 1 << 10)
+    monkeypatch.setattr(layers, "big_scratch", lambda shape: used.append(real(shape)) or used[-1])
+    np.testing.assert_array_equal(logits(), fresh)
+    assert len(used) == len(model.blocks) and all(u is not None for u in used)
+
+
+def test_big_stacked_outputs_reuse_one_scratch_buffer(monkeypatch):
+    """Stacked gate|up outputs above BIG_BYTES land in one per-thread buffer (no fresh mapping per layer); small
+    and very large ones are fresh arrays."""
+    from engine.model import layers
+    monkeypatch.setattr(layers, "BIG_BYTES", 1 << 10)
+    monkeypatch.setattr(layers, "KEEP_BYTES", 1 << 20)
+    a = layers.big_scratch((64, 16))
+    b = layers.big_scratch((32, 32))
+    assert a.shape == (64, 16) and b.shape == (32, 32) and np.shares_memory(a, b)
+    assert layers.big_scratch((8, 16)) is None  # 512 bytes: glibc's heap reuses it anyway
+    assert layers.big_scratch((1024, 512)) is None  # 2 MiB: above KEEP_BYTES
