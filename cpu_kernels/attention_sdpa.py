@@ -16,6 +16,7 @@ import numpy as np
 
 from cpu_kernels import attention
 from cpu_kernels.quant.simd import HOST_FEATURES
+from cpu_kernels.quant.threads import match_torch_threads
 
 
 def enabled() -> bool:
@@ -36,6 +37,7 @@ def sequence_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, 
     import torch
     import torch.nn.functional as F
 
+    match_torch_threads(torch)
     T, Hq, D = q.shape
     BS, Hkv = k_cache.shape[1], k_cache.shape[2]
     if not 0 < T <= seq_len or Hq % Hkv or k_cache.shape[3] != D or v_cache.shape != k_cache.shape:

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 
 from .registry import QuantFormat, get_format
-from .threads import serial_if, serial_work
+from .threads import match_torch_threads, serial_if, serial_work
 
 # Up to this many rows, matmul runs the GEMV kernel per row (weights read from DRAM once, reused from
 # L1 for every row); above it, weight tiles are dequantized to float32 and multiplied by torch.
@@ -164,6 +164,7 @@ class QuantLinear:
         """
         import torch
 
+        match_torch_threads(torch)
         bf16 = dtype == "bfloat16"
         yt = torch.from_numpy(y)
         if bf16:

@@ -86,6 +86,14 @@ def num_threads() -> int:
     return _raw_setters()[0]()
 
 
+def match_torch_threads(torch) -> None:
+    """torch's intra-op thread count set to Numba's current one before a torch kernel runs (num_threads=1 must
+    hold for the prefill's GEMMs and attention too); a no-op while they agree."""
+    n = num_threads()
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
 def _raw_setters():
     global _RAW
     if _RAW is None:

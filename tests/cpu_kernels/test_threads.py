@@ -65,3 +65,22 @@ def test_env_forces_the_threshold(monkeypatch):
     _fresh_state(monkeypatch)
     monkeypatch.setenv("RAMLM_SERIAL_WORK", "12345")
     assert threads.serial_work() == 12345
+
+
+def test_torch_follows_numbas_thread_count():
+    """The dense prefill path's torch calls run on as many threads as the Numba kernels (num_threads=1 holds)."""
+    import numba
+    import torch
+
+    from cpu_kernels.quant.threads import match_torch_threads
+    before_numba, before_torch = numba.get_num_threads(), torch.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        match_torch_threads(torch)
+        assert torch.get_num_threads() == 1
+        numba.set_num_threads(before_numba)
+        match_torch_threads(torch)
+        assert torch.get_num_threads() == before_numba
+    finally:
+        numba.set_num_threads(before_numba)
+        torch.set_num_threads(before_torch)
