@@ -33,7 +33,7 @@ def isa() -> str:
     AMX hosts run long prefill chunks on bf16 tiles (avx512-amx)."""
     from cpu_kernels.quant import simd
     if simd.HAS_VNNI:
-        return "avx512-amx" if "amx-bf16" in simd.HOST_FEATURES else "avx512-vnni"
+        return "avx512-amx" if simd.AMX else "avx512-vnni"
     return "avx2" if simd.HAS_AVX2 else "generic"
 
 

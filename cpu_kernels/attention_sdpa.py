@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from cpu_kernels import attention
-from cpu_kernels.quant.simd import HOST_FEATURES
+from cpu_kernels.quant.simd import AMX
 from cpu_kernels.quant.threads import match_torch_threads
 
 
@@ -24,7 +24,7 @@ def enabled() -> bool:
     forced = os.environ.get("RAMLM_SDPA_PREFILL")
     if forced in ("0", "1"):
         return forced == "1"
-    return "amx-bf16" in HOST_FEATURES
+    return AMX
 
 
 def sequence_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, seq_len: int,

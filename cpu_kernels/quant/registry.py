@@ -13,7 +13,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 from . import k_bytes, k_float, k_kquants, k_kquants_x8, k_legacy, k_lowbit, repack
-from .simd import HOST_FEATURES
+from .simd import AMX
 from .wide import PAIR
 
 
@@ -71,7 +71,6 @@ def _float(t, dtype, gemv, deq) -> QuantFormat:
 
 
 # The int8 GEMV beats the bf16 GEMM for long prompts too (gemv_prefill_min_k): AVX-512 VNNI, and no AMX tiles.
-AMX = "amx-bf16" in HOST_FEATURES
 WIDE_PREFILL = PAIR and not AMX
 
 FORMATS: dict[Q, QuantFormat] = {

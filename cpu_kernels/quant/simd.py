@@ -37,6 +37,26 @@ HAS_AVX2 = not FORCE_PORTABLE and not HAS_VNNI and "avx2" in HOST_FEATURES
 # Kernels decorated with cache=CACHE: a capped flavour must never load the cached code of the host's own.
 CACHE = not FORCE_PORTABLE and SIMD_LEVEL == "auto"
 
+
+def _amx_permitted() -> bool:
+    """Whether Linux lets this process use AMX tile data: the CPU may list AMX while the kernel refuses it (AMX code
+    run without this permission dies with SIGILL, as llama.cpp's native build does on some VMs). oneDNN asks the
+    same (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) before it uses tiles and falls back to AVX-512."""
+    import platform
+    import sys
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    except (OSError, AttributeError):
+        return False
+
+
+# oneDNN's bf16 GEMMs and attention run on AMX tiles here (torch asks for them): the long-prefill paths follow.
+AMX = "amx-bf16" in HOST_FEATURES and _amx_permitted()
+
 _LL = {"i8": ir.IntType(8), "i16": ir.IntType(16), "i32": ir.IntType(32), "f32": ir.FloatType()}
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cpu_kernels import attention_sdpa as S
-from cpu_kernels.quant.simd import HOST_FEATURES
+from cpu_kernels.quant.simd import AMX, HOST_FEATURES, _amx_permitted
 from tests.cpu_kernels.test_attention import make_batch, reference, run
 
 # decode, a chunk after a cached prefix, a fresh prompt, a long chunk after a prefix, a one-token prompt
@@ -43,7 +43,7 @@ def test_sequence_attention_rejects_rows_past_the_context():
 
 def test_enabled_on_amx_hosts_unless_told(monkeypatch):
     monkeypatch.delenv("RAMLM_SDPA_PREFILL", raising=False)
-    assert S.enabled() == ("amx-bf16" in HOST_FEATURES)
+    assert S.enabled() == AMX
     for v, want in (("0", False), ("1", True)):
         monkeypatch.setenv("RAMLM_SDPA_PREFILL", v)
         assert S.enabled() is want
@@ -57,6 +57,16 @@ def tiny(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(path, safe_serialization=True)
     return model, str(path)
+
+
+def test_amx_needs_the_cpu_and_the_kernels_permission():
+    assert AMX == ("amx-bf16" in HOST_FEATURES and _amx_permitted())
+    if "amx-tile" not in HOST_FEATURES:
+        return
+    import torch
+    x = torch.randn(64, 64).bfloat16()
+    torch.mm(x, x)  # oneDNN has asked for the tiles too: a second request is granted, not refused
+    assert _amx_permitted()
 
 
 @pytest.mark.parametrize("sdpa", ["0", "1"])
