@@ -15,12 +15,16 @@ README = os.path.join(os.path.dirname(__file__), "..", "README.md")
 BEGIN, END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
 
 
+# Results of the Intel Xeon with AMX written before bench.common.isa() had the amx label (2026-12-05, to 13:05 UTC).
+_AMX_BEFORE_LABEL = ("20261205T", "20261205T1305")
+
+
 def result_isa(d: dict) -> str:
-    # Results written before the field existed all came from AVX-512 VNNI (Zen 4) machines; before the amx label,
-    # the Intel Xeons that wrote "avx512-vnni" had AMX (the AMD EPYCs did not).
+    # Results written before the field existed all came from AVX-512 VNNI (Zen 4) machines.
     m = d.get("machine", {})
     isa = m.get("isa", "avx512-vnni")
-    return "avx512-amx" if isa == "avx512-vnni" and "Intel" in str(m.get("cpu", "")) else isa
+    early_amx = "Intel" in str(m.get("cpu", "")) and _AMX_BEFORE_LABEL[0] <= str(d.get("time", "")) < _AMX_BEFORE_LABEL[1]
+    return "avx512-amx" if isa == "avx512-vnni" and early_amx else isa
 
 
 def latest() -> dict[str, dict]:

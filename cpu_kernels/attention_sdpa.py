@@ -46,6 +46,8 @@ def sequence_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, 
     # Keys from the first one the first row sees: a sliding window over a long context reads only its tail.
     b0 = (max(0, ctx - sliding_window + 1) if sliding_window > 0 else 0) // BS
     k0, nb = b0 * BS, -(-seq_len // BS)
+    if nb > len(block_row):
+        raise ValueError("sequence_attention: block table too short for seq_len")
     ids = torch.from_numpy(np.ascontiguousarray(block_row[b0:nb], dtype=np.int64))
 
     def gathered(cache):  # (1, Hkv, seq_len - k0, D) bf16

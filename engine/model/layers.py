@@ -179,7 +179,9 @@ class Projections:
         in_order = [i for i, _, _ in spans] == list(range(len(self.parts)))
         if len(spans) < 2 or not in_order or len({hi - lo for _, lo, hi in spans}) != 1:
             return None
-        return lin(x, scratch=big_scratch((x.shape[0], lin.out_features)))
+        rows = ROWS  # only one long chunk alone writes into scratch (Linear._matmul): no buffer for the others
+        one_chunk = rows.applies_to(x) and len(rows.large) == 1 and not rows.small.size
+        return lin(x, scratch=big_scratch((x.shape[0], lin.out_features)) if one_chunk else None)
 
     def columns(self, x: np.ndarray) -> list[tuple[np.ndarray, int]]:
         """Per part, (the C-contiguous output holding it, its first column): no copies of stacked parts."""
