@@ -39,9 +39,10 @@ CACHE = not FORCE_PORTABLE and SIMD_LEVEL == "auto"
 
 
 def _amx_permitted() -> bool:
-    """Whether Linux lets this process use AMX tile data: the CPU may list AMX while the kernel refuses it (AMX code
-    run without this permission dies with SIGILL, as llama.cpp's native build does on some VMs). oneDNN asks the
-    same (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) before it uses tiles and falls back to AVX-512."""
+    """Whether Linux supports AMX tile state here: the CPU may list AMX while the kernel or the hypervisor does not
+    (AMX code run there dies with SIGILL, as llama.cpp's native build does on some VMs). Asks arch_prctl
+    ARCH_GET_XCOMP_SUPP, which changes nothing (oneDNN requests the tiles itself before it uses them, and falls back
+    to AVX-512 when refused)."""
     import platform
     import sys
     if sys.platform != "linux" or platform.machine() != "x86_64":
@@ -49,7 +50,9 @@ def _amx_permitted() -> bool:
     try:
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+        mask = ctypes.c_uint64(0)
+        ok = libc.syscall(158, 0x1021, ctypes.byref(mask)) == 0  # SYS_arch_prctl, ARCH_GET_XCOMP_SUPP
+        return ok and bool(mask.value >> 18 & 1)  # XFEATURE_XTILEDATA
     except (OSError, AttributeError):
         return False
 

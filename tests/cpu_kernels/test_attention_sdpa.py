@@ -63,10 +63,13 @@ def test_amx_needs_the_cpu_and_the_kernels_permission():
     if "amx-bf16" not in HOST_FEATURES:
         assert not AMX and not S.enabled()  # no AMX paths where the CPU lacks it, whatever the kernel says
         return
+    import ctypes
     import torch
     x = torch.randn(64, 64).bfloat16()
-    torch.mm(x, x)  # oneDNN has asked for the tiles itself: our request agrees with what it was granted
-    assert _amx_permitted() == AMX
+    torch.mm(x, x)  # oneDNN has asked for the tiles where the kernel supports them
+    perm = ctypes.c_uint64(0)
+    ctypes.CDLL(None).syscall(158, 0x1022, ctypes.byref(perm))  # ARCH_GET_XCOMP_PERM: what this process holds
+    assert bool(perm.value >> 18 & 1) == AMX == _amx_permitted()
 
 
 def test_sequence_attention_rejects_a_short_block_table():
