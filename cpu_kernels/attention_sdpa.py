@@ -1,8 +1,9 @@
 """Long prefill chunks' attention through torch's bf16 scaled_dot_product_attention, on hosts with AMX.
 
 oneDNN multiplies bf16 on AMX tiles (torch asks the kernel for them), several times what the AVX-512 kernels
-of attention_bf16 reach: a 512-token chunk of gemma-3-270m's shape (4 heads of 256 on one kv head) 1.0 ms per
-layer against about 4 ms, of the 8B shape (32 heads of 128 on 8) 4.1 ms against about 90 ms. Each chunk reads
+of attention_bf16 reach: a 512-token chunk of gemma-3-270m's shape (4 heads of 256 on one kv head) 1.74 ms per
+layer against 4.03 (paged_attention's bf16 rows), of the 8B shape (32 heads of 128 on 8) 7.1 ms against 21.0
+(2 threads, medians of 5; in the 8B prefill, attention went 2.8 s -> 0.4 s). Each chunk reads
 its sequence's keys and values back from the paged cache (as the paged kernel does, so prefix-cached and
 chunked prompts see the same cache values); other rows (decodes, short chunks) stay on paged_attention.
 Inputs and outputs round to bf16 with float32 sums, like the bf16 rows of paged_attention; neither is batch
