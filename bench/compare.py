@@ -63,7 +63,7 @@ def worker_ramlm(model, threads, prompt_tokens, gen_tokens, prefill_dtype="auto"
 
 def _anon_huge_gb() -> float | None:
     """Memory of this worker in transparent huge pages (Linux): the weights' share varies with the host's
-    fragmentation, and a GEMV from DRAM ran up to 25 % slower in 4 KiB pages (engine/huge_pages.py)."""
+    fragmentation, and a GEMV from DRAM ran up to 25 % slower in 4 KiB pages (engine/worker/huge_pages.py)."""
     try:
         for line in open("/proc/self/smaps_rollup"):
             if line.startswith("AnonHugePages:"):

@@ -61,7 +61,7 @@ def _peak(dev: str) -> int:
 
 def measure(model, p, args, batches, vocab: int) -> list[dict]:
     """Applies plan p, times each batch size, undoes the placement."""
-    from engine.runner import ModelRunner, SeqChunk
+    from engine.worker.runner import ModelRunner, SeqChunk
     from gpu_kernels import triton_dispatch
     from offload.apply import apply_plan
     P, G, bs = args.prompt_tokens, args.gen_tokens, 16

@@ -32,7 +32,7 @@ def _timed(label, fn):
 def instrument() -> None:
     from cpu_kernels import activations, attention, norms, rope
     from cpu_kernels.quant.linear import QuantLinear
-    from engine import sampler
+    from engine.sample import sampler
     from engine.model import fused_block, layers
     fused_block.block_step = _timed("fused block", fused_block.block_step)
     for mod, names in ((norms, ["rms_norm", "residual_rms_norm"]), (rope, ["rope_cos_sin", "rotate"]),

@@ -39,7 +39,7 @@ def free_port() -> int:
 
 
 def start_server(model, port, threads, extra) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "engine.cli", "serve", "--port", str(port), "--max-model-len", "1024",
+    cmd = [sys.executable, "-m", "engine.entrypoints.cli", "serve", "--port", str(port), "--max-model-len", "1024",
            "--kv-cache-memory", "2"] + (["--model", model] if model else []) + \
         (["--num-threads", str(threads)] if threads else []) + extra
     log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)

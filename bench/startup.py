@@ -23,7 +23,7 @@ PROMPT = "The capital of France is"
 
 
 def time_to_first_text(model: str | None, cache_dir: str, timeout: float = 600.0) -> float:
-    cmd = [sys.executable, "-m", "engine.cli", "generate", PROMPT, "--max-tokens", "2"]
+    cmd = [sys.executable, "-m", "engine.entrypoints.cli", "generate", PROMPT, "--max-tokens", "2"]
     if model:
         cmd += ["--model", model]
     env = dict(os.environ, RAMLM_CACHE_DIR=cache_dir)

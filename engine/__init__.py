@@ -7,10 +7,10 @@ __all__ = ["LLM", "SamplingParams", "LLMEngine", "EngineArgs", "RequestOutput", 
 
 def __getattr__(name: str):
     if name == "LLM":
-        from engine.llm import LLM
+        from engine.entrypoints.llm import LLM
         return LLM
     if name == "SamplingParams":
-        from engine.sampling import SamplingParams
+        from engine.sample.sampling import SamplingParams
         return SamplingParams
     if name == "LLMEngine":
         from engine.engine import LLMEngine

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Optional
 
 from engine.outputs import RequestOutput
-from engine.sampling import SamplingParams
+from engine.sample.sampling import SamplingParams
 
 logger = logging.getLogger("ramlm.async_engine")
 

@@ -11,16 +11,16 @@ from typing import Iterable, Optional, Union
 import numpy as np
 
 from engine.args import EngineArgs
-from engine.detokenizer import IncrementalDetokenizer, fill_decoded_tokens
-from engine.kv_cache import KVCacheManager
+from engine.tokenization.detokenizer import IncrementalDetokenizer, fill_decoded_tokens
+from engine.core.kv_cache import KVCacheManager
 from engine.model import fused_compile
 from engine.outputs import RequestOutput
 from engine.req_state import ChildState, ParentState
-from engine.request import Request
-from engine.runner import ModelRunner, SeqChunk
-from engine.sampler import Sampler, SamplingRow, prompt_logprobs_for
-from engine.sampling import SamplingParams
-from engine.scheduler import Scheduler
+from engine.core.request import Request
+from engine.worker.runner import ModelRunner, SeqChunk
+from engine.sample.sampler import Sampler, SamplingRow, prompt_logprobs_for
+from engine.sample.sampling import SamplingParams
+from engine.core.scheduler import Scheduler
 
 PromptType = Union[str, dict, list]
 LOGITS_SLICE = 128  # prompt-logprob rows turned into logits at once (128 x 262k f32 = 134 MB)

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import psutil
 
 from engine.args import EngineArgs
-from engine.kv_cache import num_blocks_for_budget
+from engine.core.kv_cache import num_blocks_for_budget
 from engine.model.config import ModelConfig
-from engine.runner import KV_DTYPES, ModelRunner
+from engine.worker.runner import KV_DTYPES, ModelRunner
 
 KV_RAM_FRACTION = 0.4  # of the RAM still available after the weights
 
@@ -33,8 +33,8 @@ def configure_threads(num_threads: int | None) -> None:
 
 
 def load_tokenizer(args: EngineArgs, ws):
-    from engine.tokenizer import Tokenizer
-    from engine.tokenizer_gguf import tokenizer_cache_key
+    from engine.tokenization.tokenizer import Tokenizer
+    from engine.tokenization.tokenizer_gguf import tokenizer_cache_key
     if args.tokenizer:
         tok = Tokenizer.from_hf(args.tokenizer)
     elif ws.format == "gguf":

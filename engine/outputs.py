@@ -14,7 +14,7 @@ from typing import Optional, Sequence, Union
 class Logprob:
     """One token's log probability.
 
-    logprob: the log probability (from the raw logits, see engine/sampler.py).
+    logprob: the log probability (from the raw logits, see engine/sample/sampler.py).
     rank: 1-based rank of the token in the distribution (1 = most likely), None if unknown.
     decoded_token: the token's text; the engine fills it (the sampler leaves None).
     """

@@ -7,10 +7,10 @@ from typing import Optional
 
 import numpy as np
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.tokenization.detokenizer import IncrementalDetokenizer
 from engine.outputs import CompletionOutput, Logprob, RequestMetrics
-from engine.request import Request
-from engine.sampling import SamplingParams
+from engine.core.request import Request
+from engine.sample.sampling import SamplingParams
 
 
 @dataclass

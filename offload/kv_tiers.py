@@ -5,7 +5,7 @@ every layer: the device-KV layers' torch tensors and, in a mixed placement, the 
 too (their block b is handed to another request as soon as b is freed). The engine binds the tier to all
 of the runner's caches (offload.apply.bind_runner). Host copies are allocated on first use (pinned on
 CUDA, so the copies are DMA). The scheduler decides what moves (SchedulerOutput.blocks_to_swap_out/_in,
-engine/kv_swap.py keeps the host ids); the engine calls swap_out/swap_in before each forward pass.
+engine/core/kv_swap.py keeps the host ids); the engine calls swap_out/swap_in before each forward pass.
 """
 from __future__ import annotations
 

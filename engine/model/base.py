@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from cpu_kernels import activations
-from engine.batch import BatchMetadata
+from engine.worker.batch import BatchMetadata
 from engine.model.config import ModelConfig
 from engine.model import layers
 from engine.model.layers import Linear, RMSNorm, has

@@ -10,7 +10,7 @@ from cpu_kernels.attn_inputs import attn_inputs
 from cpu_kernels.bf16x32 import HAS_BF16_DOT
 from cpu_kernels.quant.linear import GEMV_MAX_M, QuantLinear
 from cpu_kernels.quant.threads import serial_if, serial_work
-from engine.batch import BatchMetadata
+from engine.worker.batch import BatchMetadata
 from engine.model.config import ModelConfig
 
 

@@ -84,7 +84,7 @@ def test_long_chunks_match_transformers_either_way(tiny, monkeypatch, sdpa):
     cached prefix, against HF transformers; RAMLM_SDPA_PREFILL picks SDPA or paged_attention's bf16 rows. The
     layers' gate|up outputs share layers.big_scratch's buffer."""
     from engine.model.loader import load_model
-    from engine.runner import ModelRunner, SeqChunk
+    from engine.worker.runner import ModelRunner, SeqChunk
     from tests.cpu_kernels.test_attention_bf16 import HAS_BF16_DOT
     from tests.model.tiny_models import hf_logits
     if not HAS_BF16_DOT:

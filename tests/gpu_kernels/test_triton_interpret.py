@@ -118,6 +118,6 @@ def test_a_kernel_that_cannot_compile_falls_back_to_torch_for_that_device(monkey
 
 def test_importing_the_gpu_modules_does_not_import_triton():
     code = ("import sys\n"
-            "import engine.llm, offload.apply, gpu_kernels.modules, gpu_kernels.linear, gpu_kernels.triton_dispatch\n"
+            "import engine.entrypoints.llm, offload.apply, gpu_kernels.modules, gpu_kernels.linear, gpu_kernels.triton_dispatch\n"
             "assert 'triton' not in sys.modules, 'triton imported'\n")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

@@ -10,7 +10,7 @@ import torch
 
 from engine.model.gguf_export import default_qtype, write_gguf
 from engine.model.loader import load_model
-from engine.runner import ModelRunner, SeqChunk
+from engine.worker.runner import ModelRunner, SeqChunk
 from tests.model.tiny_models import ARCHES, hf_logits, tiny_model
 
 PROMPTS = [[5, 17, 99, 3, 250, 42, 7, 8, 9, 200, 13, 77, 31], [1, 2, 3, 4, 5, 6, 7]]

@@ -13,7 +13,7 @@ from engine.model import fused_block, fused_compile
 from engine.model.gguf_export import write_gguf
 from engine.model.loader import load_model
 from engine.model.weights import open_weights
-from engine.runner import ModelRunner, SeqChunk
+from engine.worker.runner import ModelRunner, SeqChunk
 from tests.fused_calls import count_fused_calls
 from tests.model.tiny_models import tiny_model
 

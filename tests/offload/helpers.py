@@ -6,7 +6,7 @@ import json
 import numpy as np
 
 from engine.model.loader import load_model
-from engine.runner import ModelRunner, SeqChunk
+from engine.worker.runner import ModelRunner, SeqChunk
 from offload import model_meta, plan
 from offload.apply import apply_plan
 from offload.devices import devices_from_dict

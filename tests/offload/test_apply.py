@@ -128,7 +128,7 @@ def test_streamed_layers_cpu_offload_gb(tiny):
 def test_blocks_own_their_kv_without_a_runner_and_bind_later(tiny):
     """The engine's order: apply the plan at load, build the runner afterwards."""
     from engine.model.loader import load_model
-    from engine.runner import ModelRunner
+    from engine.worker.runner import ModelRunner
     from offload.apply import apply_plan, bind_runner
     from tests.offload.helpers import BLOCK_SIZE, NUM_BLOCKS
     arch, folder, _, L = tiny
@@ -164,7 +164,7 @@ def test_kv_blocks_round_trip_through_the_ram_tier(tiny, device, layers):
     """Prefill, swap the sequence's blocks out to the RAM tier, wipe them, swap them back into other block
     ids, and decode: the same logits as without the trip. In a mixed placement the RAM layers' numpy KV
     travels too (the block ids are shared by every layer)."""
-    from engine.runner import SeqChunk
+    from engine.worker.runner import SeqChunk
     arch, folder, _, L = tiny
     ngl = half(L) if layers == "half" else "all"
     prompt = PROMPTS[0]

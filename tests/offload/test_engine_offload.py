@@ -1,5 +1,5 @@
 """The engine end to end with layers on torch's CPU device (gemma-3-270m): the same greedy tokens as the
-all-CPU engine, up to near ties (top-2 logprobs within 0.1, the rule of tests/engine/test_batching.py)."""
+all-CPU engine, up to near ties (top-2 logprobs within 0.1, the rule of tests/engine/worker/test_batching.py)."""
 from __future__ import annotations
 
 import pytest

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engine.cli import main
+from engine.entrypoints.cli import main
 from engine.model.weights import open_weights
 from offload import model_meta, synthetic_meta
 from tests.offload.helpers import write_devices

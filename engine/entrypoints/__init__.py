@@ -1,0 +1,1 @@
+"""What users call: the LLM class, the CLI commands and the HTTP server."""

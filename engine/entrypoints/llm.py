@@ -1,0 +1,112 @@
+"""LLM: the offline API, shaped like vLLM's (generate, chat, beam_search arrive with the engine core)."""
+from __future__ import annotations
+
+from typing import Iterator, Optional, Sequence, Union
+
+from engine.args import EngineArgs
+from engine.engine import LLMEngine, PromptType
+from engine.outputs import RequestOutput
+from engine.sample.sampling import SamplingParams
+
+
+class LLM:
+    """LLM(model=None, **engine_args): loads the model (the embedded gemma-3-270m when None).
+
+    Keywords are EngineArgs fields under vLLM's names: max_model_len, dtype, kv_cache_dtype, block_size,
+    kv_cache_memory, max_num_batched_tokens, max_num_seqs, enable_prefix_caching, batch_invariant,
+    seed, num_threads, tokenizer, chat_template.
+    """
+
+    def __init__(self, model: Optional[str] = None, **kwargs):
+        self.args = EngineArgs.from_kwargs(model=model, **kwargs)
+        self.llm_engine = LLMEngine(self.args)
+
+    @property
+    def model_path(self) -> str:
+        return self.llm_engine.model_path
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
+                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Runs every prompt to completion (continuously batched); returns outputs in prompt order."""
+        prompts = _as_list(prompts)
+        params = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        engine = self.llm_engine
+        ids = []
+        try:
+            for p, sp in zip(prompts, params):
+                ids.append(engine.add_request(None, p, sp or SamplingParams()))
+            results: dict[str, RequestOutput] = {}
+            bar = _progress(len(ids), use_tqdm)
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+            if bar is not None:
+                bar.close()
+        except BaseException:
+            engine.abort_request(ids)  # an error or Ctrl-C leaves no half-run requests behind
+            raise
+        return [results[i] for i in ids]
+
+    def generate_stream(self, prompt: PromptType, sampling_params: Optional[SamplingParams] = None
+                        ) -> Iterator[RequestOutput]:
+        """One prompt; yields its cumulative RequestOutput after every step that changed it."""
+        engine = self.llm_engine
+        rid = engine.add_request(None, prompt, sampling_params or SamplingParams())
+        try:
+            done = False
+            while not done:
+                for out in engine.step():
+                    if out.request_id == rid:
+                        done = out.finished
+                        yield out
+        finally:
+            engine.abort_request(rid)
+
+    def chat(self, messages, sampling_params: Optional[SamplingParams] = None, use_tqdm: bool = True,
+             chat_template: Optional[str] = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """messages: one conversation (list of {'role', 'content'}) or a list of them."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [self._chat_prompt(c, chat_template, add_generation_prompt) for c in convs]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _chat_prompt(self, conversation, chat_template=None, add_generation_prompt=True) -> dict:
+        """The rendered text and its ids (BOS once, as the template and the model want it)."""
+        tok = self.get_tokenizer()
+        kw = dict(add_generation_prompt=add_generation_prompt, chat_template=chat_template)
+        return {"prompt": tok.apply_chat_template(conversation, tokenize=False, **kw),
+                "prompt_token_ids": tok.apply_chat_template(conversation, tokenize=True, **kw)}
+
+    def chat_stream(self, messages, sampling_params: Optional[SamplingParams] = None,
+                    chat_template: Optional[str] = None) -> Iterator[RequestOutput]:
+        """One conversation; yields its cumulative RequestOutput after every step (streamed chat)."""
+        return self.generate_stream(self._chat_prompt(messages, chat_template), sampling_params)
+
+    def beam_search(self, prompts, params):
+        """vLLM's LLM.beam_search: prompts (strings, token lists or dicts), BeamSearchParams ->
+        one BeamSearchOutput per prompt whose sequences hold prompt + generated tokens, best first."""
+        from engine.sample.beam_search import beam_search
+        return beam_search(self, _as_list(prompts), params)
+
+
+def _as_list(prompts) -> list:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]
+    return list(prompts)
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled or total <= 1:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc="Processed prompts", unit="req")

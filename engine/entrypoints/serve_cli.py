@@ -1,0 +1,111 @@
+"""`ramlm serve [MODEL]`: the OpenAI/Anthropic-compatible HTTP server (FastAPI + uvicorn)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # = engine.entrypoints.server.app's; kept here so `ramlm --help` needs no fastapi
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    from engine.args import EngineArgs
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="GGUF file or HF folder (same as --model; default: the embedded gemma-3-270m)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None,
+                   help="require this key (Authorization: Bearer KEY or x-api-key); default: $RAMLM_API_KEY")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model name(s) clients use; the first is reported (default: the model's file name)")
+    p.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="larger request bodies get 413")
+    p.add_argument("--uvicorn-log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"])
+    p.add_argument("--disable-access-log", action="store_true", help="do not log every request")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the startup request that compiles the kernels before /health says ready")
+    EngineArgs.add_cli_args(p)
+
+
+def default_model_name(args_model: str | None, resolved: str) -> str:
+    if args_model:
+        return args_model
+    name = Path(resolved).name
+    return name[:-5] if name.endswith(".gguf") else name
+
+
+def _warmup(llm_engine) -> None:
+    """One short request through the engine, so kernel compilation happens before the port opens."""
+    import time
+
+    from engine.sample.sampling import SamplingParams
+    t0 = time.perf_counter()
+    tok = llm_engine.tokenizer
+    ids = tok.encode("Hello") or [0]
+    rid = llm_engine.add_request("__warmup__", {"prompt_token_ids": ids}, SamplingParams(max_tokens=2, temperature=0.0,
+                                                                                           ignore_eos=True))
+    try:
+        for _ in range(16):
+            if not llm_engine.has_unfinished_requests():
+                break
+            llm_engine.step()
+    finally:
+        llm_engine.abort_request(rid)
+    # /metrics counts client traffic only.
+    llm_engine.num_prompt_tokens = llm_engine.num_generation_tokens = 0
+    llm_engine.kv_manager.prefix_cache_queries = llm_engine.kv_manager.prefix_cache_hits = 0
+    logging.getLogger("ramlm.server").info("warmed up in %.1f s", time.perf_counter() - t0)
+
+
+def run_serve(ns: argparse.Namespace) -> int:
+    import uvicorn
+
+    from engine.args import EngineArgs
+    from engine.async_engine import AsyncLLMEngine
+    from engine.engine import LLMEngine
+    from engine.entrypoints.server.app import build_app
+    from engine.entrypoints.server.metrics import ServerMetrics
+    from engine.entrypoints.server.serving import ServerState
+
+    if ns.model_tag is not None:
+        if ns.model is not None and ns.model != ns.model_tag:
+            print(f"ramlm serve: got two models: {ns.model_tag!r} and --model {ns.model!r}", file=sys.stderr)
+            return 2
+        ns.model = ns.model_tag
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    args = EngineArgs.from_cli_args(ns)
+
+    def make_engine() -> LLMEngine:  # on the engine thread, where all its kernels will run
+        llm_engine = LLMEngine(args)
+        llm_engine.import_torch_now()  # 1.5-3 s now rather than a GIL fight with the first requests' decode steps
+        if not ns.no_warmup:
+            _warmup(llm_engine)
+        return llm_engine
+
+    engine = AsyncLLMEngine.build(make_engine)
+    llm_engine = engine.engine
+    names = ns.served_model_name or [default_model_name(args.model, llm_engine.model_path)]
+    metrics = ServerMetrics(names[0])
+    engine.set_hooks(on_first_token=metrics.on_first_token, on_finished=metrics.on_finished,
+                     on_aborted=metrics.on_aborted)
+    state = ServerState(engine=engine, model_names=list(names), model_path=llm_engine.model_path, metrics=metrics)
+    api_key = ns.api_key or os.environ.get("RAMLM_API_KEY") or None
+    app = build_app(state, api_key=api_key, max_body_bytes=ns.max_request_body_bytes)
+    logging.getLogger("ramlm.server").info(
+        "serving %s as %s on http://%s:%d (max_model_len %d, %d KV blocks, API key %s); loaded in %.1f s",
+        llm_engine.model_path, ", ".join(names), ns.host, ns.port, llm_engine.max_model_len,
+        llm_engine.kv_manager.num_usable_blocks, "required" if api_key else "off", llm_engine.load_seconds)
+    config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
+                            access_log=not ns.disable_access_log, timeout_graceful_shutdown=5)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            # Ctrl-C / SIGTERM: end the live streams (with an error event) so connections close in time.
+            engine.stop_soon()
+            super().handle_exit(sig, frame)
+
+    Server(config).run()
+    return 0

@@ -1,0 +1,101 @@
+"""Anthropic Messages API: POST /v1/messages (plain and streaming) and /v1/messages/count_tokens.
+
+Streaming sends message_start, content_block_start, ping, content_block_delta (text_delta)...,
+content_block_stop, message_delta (stop_reason, usage), message_stop. A last assistant message is a
+prefill: the reply continues it.
+"""
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engine.entrypoints.server.errors import bad_request
+from engine.entrypoints.server.protocol import CountTokensRequest, MessagesRequest, content_text
+from engine.entrypoints.server.serving import (ServerState, add_requests, collect, merge, sampling_params, sse, state_of,
+                                   stream_error, unless_disconnected)
+
+router = APIRouter()
+PATH = "/v1/messages"
+
+
+def _messages(body) -> list[dict]:
+    out = []
+    if body.system:
+        out.append({"role": "system", "content": content_text(body.system)})
+    out += [{"role": m.role, "content": content_text(m.content)} for m in body.messages]
+    return out
+
+
+def _render(st: ServerState, body) -> list[int]:
+    msgs = _messages(body)
+    prefill = msgs[-1]["role"] == "assistant"
+    _, ids = st.render_chat(msgs, add_generation_prompt=True, continue_final_message=prefill)
+    return ids
+
+
+def _stop(c) -> tuple[str, object]:
+    if c.finish_reason == "length":
+        return "max_tokens", None
+    if isinstance(c.stop_reason, str):
+        return "stop_sequence", c.stop_reason
+    return "end_turn", None
+
+
+@router.post(PATH)
+async def create_message(body: MessagesRequest, request: Request):
+    st = state_of(request)
+    model = st.check_model(body.model)
+    if body.max_tokens < 1:
+        raise bad_request(f"max_tokens: must be at least 1, got {body.max_tokens}", "max_tokens")
+    params = sampling_params(body.to_sampling_params)
+    ids = _render(st, body)
+    st.check_length(len(ids), body.max_tokens, "messages")
+    mid = f"msg_{uuid.uuid4().hex[:24]}"
+    streams = await add_requests(st, mid, [(None, ids)], params)
+    if body.stream:
+        return StreamingResponse(_stream(model, mid, len(ids), streams), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    completed, finals = await unless_disconnected(request, collect(streams))
+    if not completed:
+        return Response(status_code=499)
+    c = finals[0].outputs[0]
+    stop_reason, stop_sequence = _stop(c)
+    return JSONResponse({"id": mid, "type": "message", "role": "assistant", "model": model,
+                         "content": [{"type": "text", "text": c.text}], "stop_reason": stop_reason,
+                         "stop_sequence": stop_sequence,
+                         "usage": {"input_tokens": len(ids), "output_tokens": len(c.token_ids)}})
+
+
+async def _stream(model: str, mid: str, input_tokens: int, streams):
+    try:
+        yield sse({"type": "message_start", "message": {
+            "id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 0}}}, "message_start")
+        yield sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                  "content_block_start")
+        yield sse({"type": "ping"}, "ping")
+        sent, last = 0, None
+        async for _, out in merge(streams):
+            c = out.outputs[0]
+            last = c
+            if len(c.text) > sent:
+                yield sse({"type": "content_block_delta", "index": 0,
+                           "delta": {"type": "text_delta", "text": c.text[sent:]}}, "content_block_delta")
+                sent = len(c.text)
+        yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+        stop_reason, stop_sequence = _stop(last)
+        yield sse({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                   "usage": {"output_tokens": len(last.token_ids)}}, "message_delta")
+        yield sse({"type": "message_stop"}, "message_stop")
+    except Exception as e:
+        yield sse(stream_error(PATH, e, mid), "error")
+
+
+@router.post(PATH + "/count_tokens")
+async def count_tokens(body: CountTokensRequest, request: Request):
+    st = state_of(request)
+    st.check_model(body.model)
+    return {"input_tokens": len(_render(st, body))}

@@ -1,0 +1,199 @@
+"""OpenAI-compatible /v1/completions and /v1/chat/completions (plain and SSE streaming)."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Optional
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engine.entrypoints.server.errors import bad_request
+from engine.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.entrypoints.server.serving import (ServerState, add_requests, chat_logprobs, collect, legacy_logprobs, merge,
+                                   sampling_params, sse, state_of, stream_error, unless_disconnected, usage)
+
+router = APIRouter()
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _prompts(st: ServerState, prompt) -> list[tuple[Optional[str], list[int]]]:
+    """The four prompt forms -> [(text or None, token ids)]."""
+    tok = st.tokenizer
+    if isinstance(prompt, str):
+        return [(prompt, tok.encode(prompt))]
+    if not prompt:
+        raise bad_request("prompt must not be empty", "prompt")
+    if isinstance(prompt[0], str):
+        return [(p, tok.encode(p)) for p in prompt]
+    if isinstance(prompt[0], int):
+        return [(None, list(prompt))]
+    return [(None, list(p)) for p in prompt]
+
+
+def _echo_text(st: ServerState, text: Optional[str], ids: list[int]) -> str:
+    return text if text is not None else st.tokenizer.decode(ids)
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request):
+    st = state_of(request)
+    model = st.check_model(body.model)
+    if body.suffix:
+        raise bad_request("suffix is not supported", "suffix")
+    params = sampling_params(body.to_sampling_params)
+    prompts = _prompts(st, body.prompt)
+    for _, ids in prompts:
+        st.check_length(len(ids), body.max_tokens, "prompt")
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    streams = await add_requests(st, rid, prompts, params)
+    created = int(time.time())
+    if body.stream:
+        return StreamingResponse(_completion_stream(st, body, model, rid, created, prompts, streams),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    completed, finals = await unless_disconnected(request, collect(streams))
+    if not completed:
+        return Response(status_code=499)
+    n, k = body.n, body.logprobs
+    choices, prompt_tokens, completion_tokens = [], 0, 0
+    for pi, (out, (text, ids)) in enumerate(zip(finals, prompts)):
+        prompt_tokens += len(ids)
+        for c in out.outputs:
+            completion_tokens += len(c.token_ids)
+            prefix = _echo_text(st, text, ids) if body.echo else ""
+            lp = None
+            if k is not None:
+                tok_ids, entries = list(c.token_ids), list(c.logprobs or [None] * len(c.token_ids))
+                if body.echo:
+                    tok_ids = ids + tok_ids
+                    entries = list(out.prompt_logprobs or [None] * len(ids)) + entries
+                lp = legacy_logprobs(st.tokenizer, tok_ids, entries, k)
+            choices.append({"index": pi * n + c.index, "text": prefix + c.text, "logprobs": lp,
+                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+    choices.sort(key=lambda ch: ch["index"])
+    return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": model,
+                         "choices": choices, "usage": usage(prompt_tokens, completion_tokens)})
+
+
+async def _completion_stream(st, body: CompletionRequest, model, rid, created, prompts, streams):
+    n, k = body.n, body.logprobs
+    sent_chars: dict = {}
+    sent_toks: dict = {}
+    done: set = set()
+    prompt_tokens = sum(len(ids) for _, ids in prompts)
+    completion_tokens: dict = {}
+    try:
+        async for pi, out in merge(streams):
+            text, ids = prompts[pi]
+            for c in out.outputs:
+                key = (pi, c.index)
+                if key in done:
+                    continue
+                first = key not in sent_chars
+                delta = c.text[sent_chars.get(key, 0):]
+                new_ids = list(c.token_ids[sent_toks.get(key, 0):])
+                if not first and not delta and not new_ids and c.finish_reason is None:
+                    continue
+                lp_ids, lp_entries = new_ids, list((c.logprobs or [])[sent_toks.get(key, 0):len(c.token_ids)])
+                offset = sent_chars.get(key, 0) + (sent_chars.get(("echo",) + key, 0))
+                if first and body.echo:
+                    prefix = _echo_text(st, text, ids)
+                    sent_chars[("echo",) + key] = len(prefix)
+                    delta = prefix + delta
+                    lp_ids = ids + lp_ids
+                    lp_entries = list(out.prompt_logprobs or [None] * len(ids)) + lp_entries
+                lp = None
+                if k is not None:
+                    lp_entries += [None] * (len(lp_ids) - len(lp_entries))
+                    lp = legacy_logprobs(st.tokenizer, lp_ids, lp_entries, k, offset)
+                sent_chars[key] = len(c.text)
+                sent_toks[key] = len(c.token_ids)
+                completion_tokens[key] = len(c.token_ids)
+                chunk = {"id": rid, "object": "text_completion", "created": created, "model": model,
+                         "choices": [{"index": pi * n + c.index, "text": delta, "logprobs": lp,
+                                      "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}
+                if body.include_usage and body.stream_options.continuous_usage_stats:
+                    chunk["usage"] = usage(prompt_tokens, sum(completion_tokens.values()))
+                yield sse(chunk)
+                if c.finish_reason is not None:
+                    done.add(key)
+        if body.include_usage:
+            yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
+                       "usage": usage(prompt_tokens, sum(completion_tokens.values()))})
+    except Exception as e:
+        yield sse(stream_error("/v1/completions", e, rid))
+    yield "data: [DONE]\n\n"
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, request: Request):
+    st = state_of(request)
+    model = st.check_model(body.model)
+    params = sampling_params(body.to_sampling_params)
+    messages = [m.to_template() for m in body.messages]
+    _, ids = st.render_chat(messages, body.add_generation_prompt, body.continue_final_message,
+                            body.chat_template_kwargs)
+    st.check_length(len(ids), body.requested_max_tokens, "messages")
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    streams = await add_requests(st, rid, [(None, ids)], params)
+    created = int(time.time())
+    if body.stream:
+        return StreamingResponse(_chat_stream(st, body, model, rid, created, len(ids), streams),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    completed, finals = await unless_disconnected(request, collect(streams))
+    if not completed:
+        return Response(status_code=499)
+    out = finals[0]
+    k = body.top_logprobs or 0
+    choices = []
+    for c in out.outputs:
+        lp = {"content": chat_logprobs(st.tokenizer, c.token_ids, c.logprobs or [], k)} if body.logprobs else None
+        choices.append({"index": c.index, "message": {"role": "assistant", "content": c.text},
+                        "logprobs": lp, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+    return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
+                         "choices": choices,
+                         "usage": usage(len(ids), sum(len(c.token_ids) for c in out.outputs))})
+
+
+async def _chat_stream(st, body: ChatCompletionRequest, model, rid, created, prompt_tokens, streams):
+    k = body.top_logprobs or 0
+    sent_chars: dict = {}
+    sent_toks: dict = {}
+    done: set = set()
+    completion_tokens: dict = {}
+
+    def chunk(choices, usage_=None):
+        c = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices}
+        if usage_ is not None:
+            c["usage"] = usage_
+        return sse(c)
+
+    try:
+        for i in range(body.n):  # the role comes first, as OpenAI sends it
+            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None}])
+        async for _, out in merge(streams):
+            for c in out.outputs:
+                if c.index in done:
+                    continue
+                a, b = sent_toks.get(c.index, 0), len(c.token_ids)
+                delta = c.text[sent_chars.get(c.index, 0):]
+                if not delta and a == b and c.finish_reason is None:
+                    continue
+                lp = None
+                if body.logprobs:
+                    lp = {"content": chat_logprobs(st.tokenizer, c.token_ids[a:b], (c.logprobs or [])[a:b], k)}
+                sent_chars[c.index], sent_toks[c.index] = len(c.text), b
+                completion_tokens[c.index] = b
+                u = None
+                if body.include_usage and body.stream_options.continuous_usage_stats:
+                    u = usage(prompt_tokens, sum(completion_tokens.values()))
+                yield chunk([{"index": c.index, "delta": {"content": delta} if delta else {}, "logprobs": lp,
+                              "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}], u)
+                if c.finish_reason is not None:
+                    done.add(c.index)
+        if body.include_usage:
+            yield chunk([], usage(prompt_tokens, sum(completion_tokens.values())))
+    except Exception as e:
+        yield sse(stream_error("/v1/chat/completions", e, rid))
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,195 @@
+"""Request bodies (pydantic) of the OpenAI, Anthropic and vLLM endpoints, and their SamplingParams.
+
+Unknown fields are accepted and ignored (SDKs send fields a server may not know). Types are checked
+here (FastAPI's 422 becomes a 400 in the API's shape); value ranges are checked by SamplingParams,
+whose messages name the field.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.sample.sampling import SamplingParams
+
+MAX_LOGPROBS = 20
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Body):
+    include_usage: Optional[bool] = False
+    continuous_usage_stats: Optional[bool] = False
+
+
+class _SamplingFields(_Body):
+    """Fields shared by completions and chat completions (OpenAI's, then vLLM's extras)."""
+    model: Optional[str] = None
+    n: int = 1
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    stop: Optional[Union[str, list[str]]] = None
+    seed: Optional[int] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    presence_penalty: Optional[float] = 0.0
+    frequency_penalty: Optional[float] = 0.0
+    logit_bias: Optional[dict[str, float]] = None
+    user: Optional[str] = None
+    # vLLM extras
+    best_of: Optional[int] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    stop_token_ids: Optional[list[int]] = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    prompt_logprobs: Optional[int] = None
+
+    def _sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
+                         prompt_logprobs: Optional[int]) -> SamplingParams:
+        """Raises ValueError for out-of-range values (the message starts with the field name)."""
+        return SamplingParams(
+            n=self.n, best_of=self.best_of, temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p, top_k=0 if self.top_k is None else self.top_k,
+            min_p=0.0 if self.min_p is None else self.min_p,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+            seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+            max_tokens=max_tokens, min_tokens=self.min_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+            logit_bias=self.logit_bias)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+# ---- /v1/completions ----
+class CompletionRequest(_SamplingFields):
+    prompt: Union[list[list[int]], list[int], list[str], str]
+    max_tokens: Optional[int] = 16
+    logprobs: Optional[int] = None
+    echo: Optional[bool] = False
+    suffix: Optional[str] = None
+
+    def to_sampling_params(self) -> SamplingParams:
+        _check_logprobs(self.logprobs, "logprobs")
+        _check_logprobs(self.prompt_logprobs, "prompt_logprobs")
+        prompt_lp = self.prompt_logprobs
+        if self.echo and self.logprobs is not None:
+            prompt_lp = max(self.logprobs, prompt_lp or 0)  # echoed prompt tokens carry logprobs too
+        return self._sampling_params(self.max_tokens, self.logprobs, prompt_lp)
+
+
+# ---- /v1/chat/completions ----
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, list[TextPart]]] = None
+    name: Optional[str] = None
+
+    def to_template(self) -> dict[str, Any]:
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": content_text(self.content)}
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    @property
+    def requested_max_tokens(self) -> Optional[int]:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def to_sampling_params(self) -> SamplingParams:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs set to true")
+        _check_logprobs(self.top_logprobs, "top_logprobs")
+        _check_logprobs(self.prompt_logprobs, "prompt_logprobs")
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._sampling_params(self.requested_max_tokens, logprobs, self.prompt_logprobs)
+
+
+# ---- /v1/messages (Anthropic) ----
+class AnthropicTextBlock(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class AnthropicMessage(_Body):
+    role: Literal["user", "assistant"]
+    content: Union[str, list[AnthropicTextBlock]]
+
+
+class MessagesRequest(_Body):
+    model: str
+    max_tokens: int
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: Optional[Union[str, list[AnthropicTextBlock]]] = None
+    stop_sequences: Optional[list[str]] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    stream: Optional[bool] = False
+    metadata: Optional[dict[str, Any]] = None
+
+    def to_sampling_params(self) -> SamplingParams:
+        if self.temperature is not None and not 0.0 <= self.temperature <= 1.0:
+            raise ValueError(f"temperature must be in [0, 1], got {self.temperature}.")
+        return SamplingParams(max_tokens=self.max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
+                              top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0,
+                              stop=self.stop_sequences)
+
+
+class CountTokensRequest(_Body):
+    model: str
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: Optional[Union[str, list[AnthropicTextBlock]]] = None
+
+
+# ---- /tokenize, /detokenize (vLLM) ----
+class TokenizeRequest(_Body):
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_special_tokens: Optional[bool] = None  # default: True for a prompt, False for messages
+    add_generation_prompt: bool = True
+    return_token_strs: Optional[bool] = False
+
+
+class DetokenizeRequest(_Body):
+    model: Optional[str] = None
+    tokens: list[int]
+
+
+# ---- helpers ----
+def content_text(content) -> str:
+    """A message's content (string, or text parts/blocks) as one string."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.text for p in content)
+
+
+def _check_logprobs(value: Optional[int], name: str) -> None:
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise ValueError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}.")

@@ -1,0 +1,267 @@
+"""What the OpenAI and Anthropic handlers share: the server state, model and length checks, chat
+rendering, adding requests, merging streams, disconnect handling, SSE and logprob helpers."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
+
+from fastapi import Request
+
+from engine.async_engine import AsyncLLMEngine, EngineDeadError, RequestStream
+from engine.sample.sampling import SamplingParams
+from engine.entrypoints.server.errors import APIError, bad_request, param_of_value_error
+from engine.entrypoints.server.metrics import ServerMetrics
+
+SAMPLING_FIELDS = ("n", "best_of", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                   "presence_penalty", "frequency_penalty", "max_tokens", "min_tokens", "logprobs",
+                   "top_logprobs", "prompt_logprobs", "stop", "stop_token_ids", "logit_bias", "seed")
+LOGPROB_FLOOR = -9999.0  # JSON has no -inf
+
+
+@dataclass
+class ServerState:
+    engine: AsyncLLMEngine
+    model_names: list[str]
+    model_path: str
+    metrics: ServerMetrics
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def check_model(self, name: Optional[str]) -> str:
+        """The served name to report; 404 for a model this server does not serve (None = the default)."""
+        if name is None or name == "" or name in self.model_names:
+            return name or self.model_names[0]
+        if name == self.model_path:
+            return self.model_names[0]
+        raise APIError(404, f"The model `{name}` does not exist. This server serves: {', '.join(self.model_names)}.",
+                       param="model", code="model_not_found")
+
+    def check_length(self, num_prompt: int, max_tokens: Optional[int], what: str) -> None:
+        """400 unless the prompt and the requested completion fit in the context (vLLM's wording)."""
+        limit = self.max_model_len
+        if max_tokens is None:
+            if num_prompt >= limit:
+                raise bad_request(f"This model's maximum context length is {limit} tokens. However, your request "
+                                  f"has {num_prompt} input tokens ({what}), which leaves no room for the completion. "
+                                  f"Please reduce the length of the {what}.", what)
+            return
+        if num_prompt + max_tokens > limit:
+            raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
+                              f"{num_prompt + max_tokens} tokens ({num_prompt} in the {what}, {max_tokens} in the "
+                              f"completion). Please reduce the length of the {what} or completion.", "max_tokens")
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, template_kwargs: Optional[dict] = None
+                    ) -> tuple[str, list[int]]:
+        """Chat messages -> (prompt text, token ids). continue_final_message: the last (assistant)
+        message is left open for the model to continue (Anthropic's prefill)."""
+        tok = self.tokenizer
+        kw = dict(template_kwargs or {})
+        tail = ""
+        if continue_final_message:
+            if messages[-1]["role"] != "assistant":
+                raise bad_request("continue_final_message needs the last message to be the assistant's", "messages")
+            tail = messages[-1]["content"]
+            messages, add_generation_prompt = messages[:-1], True
+        try:
+            text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kw)
+        except Exception as e:  # jinja2.TemplateError (roles that do not alternate, ...), bad kwargs
+            raise bad_request(f"the chat template rejected the messages: {e}", "messages") from e
+        text += tail
+        ids = tok.encode(text, add_special_tokens=False)
+        bos = getattr(tok, "bos_token_id", None)
+        if getattr(tok, "add_bos_token", False) and bos is not None and ids[:1] != [bos]:
+            ids = [bos] + ids
+        return text, ids
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.ramlm
+
+
+def sampling_params(make: Callable[[], SamplingParams]) -> SamplingParams:
+    try:
+        return make()
+    except (ValueError, TypeError) as e:
+        raise bad_request(str(e), param_of_value_error(str(e), SAMPLING_FIELDS)) from e
+
+
+async def add_requests(st: ServerState, base_id: str, prompts: Sequence[tuple[Optional[str], list[int]]],
+                       params: SamplingParams) -> list[RequestStream]:
+    """One engine request per prompt; all or nothing (a rejected one aborts those already added)."""
+    streams: list[RequestStream] = []
+    try:
+        for i, (text, ids) in enumerate(prompts):
+            rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
+            p = params.clone() if len(prompts) > 1 else params
+            streams.append(await st.engine.add_request(rid, {"prompt": text, "prompt_token_ids": ids}, p))
+    except BaseException as e:
+        for s in streams:
+            s.abort()
+        if isinstance(e, (ValueError, TypeError)):
+            raise bad_request(str(e), param_of_value_error(str(e), SAMPLING_FIELDS)) from e
+        if isinstance(e, EngineDeadError):
+            raise APIError(503, str(e)) from e
+        raise
+    return streams
+
+
+async def merge(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, Any]]:
+    """Yields (stream index, output) from several streams as they come; aborts them all on exit."""
+    if len(streams) == 1:
+        try:
+            async for out in streams[0]:
+                yield 0, out
+        finally:
+            streams[0].abort()
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, s: RequestStream) -> None:
+        try:
+            async for out in s:
+                queue.put_nowait((i, out))
+        except Exception as e:
+            queue.put_nowait((i, e))
+        finally:
+            queue.put_nowait((i, done))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            s.abort()
+
+
+async def collect(streams: Sequence[RequestStream]) -> list:
+    finals: list = [None] * len(streams)
+    async for i, out in merge(streams):
+        finals[i] = out
+    return finals
+
+
+async def unless_disconnected(request: Request, work: Awaitable) -> tuple[bool, Any]:
+    """Runs `work` but cancels it (aborting its requests) if the client disconnects first.
+    Returns (completed, result)."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        return True, task.result()
+    return False, None
+
+
+def stream_error(path: str, e: Exception, request_id: str) -> dict:
+    """The error body sent inside an SSE stream when its request fails after streaming began."""
+    from engine.async_engine import EngineStepError
+    from engine.entrypoints.server.errors import error_body
+    if isinstance(e, APIError):
+        return error_body(path, e.status, e.message, e.param, e.code)
+    if isinstance(e, EngineDeadError):
+        return error_body(path, 503, str(e))
+    if not isinstance(e, EngineStepError):  # step errors are logged by the engine thread
+        logging.getLogger("ramlm.server").error("stream %s failed", request_id, exc_info=e)
+    return error_body(path, 500, str(e))
+
+
+def sse(data: Any, event: Optional[str] = None) -> str:
+    payload = json.dumps(data, ensure_ascii=False, allow_nan=False)
+    return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
+
+
+# ---- logprobs ----
+def clamp_logprob(x: Optional[float]) -> Optional[float]:
+    if x is None:
+        return None
+    return LOGPROB_FLOOR if not math.isfinite(x) or x < LOGPROB_FLOOR else float(x)
+
+
+def token_str(tokenizer, token_id: int, entry: Optional[dict]) -> str:
+    lp = entry.get(token_id) if entry else None
+    if lp is not None and lp.decoded_token is not None:
+        return lp.decoded_token
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def top_entries(entry: Optional[dict], k: int) -> list:
+    """(token id, Logprob) of the k best-ranked, best first."""
+    if not entry or k <= 0:
+        return []
+    ranked = sorted((lp.rank, t, lp) for t, lp in entry.items() if lp.rank is not None and lp.rank <= k)
+    return [(t, lp) for _, t, lp in ranked[:k]]
+
+
+def legacy_logprobs(tokenizer, token_ids: Sequence[int], entries: Sequence[Optional[dict]], k: int,
+                    text_offset: int = 0) -> dict:
+    """OpenAI's legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for tid, entry in zip(token_ids, entries):
+        s = token_str(tokenizer, tid, entry)
+        tokens.append(s)
+        offsets.append(text_offset)
+        text_offset += len(s)
+        if entry is None:
+            token_lps.append(None)
+            tops.append(None)
+            continue
+        token_lps.append(clamp_logprob(entry[tid].logprob) if tid in entry else None)
+        top = {token_str(tokenizer, t, entry): clamp_logprob(lp.logprob) for t, lp in top_entries(entry, k)}
+        if tid in entry:
+            top.setdefault(s, clamp_logprob(entry[tid].logprob))
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_logprobs(tokenizer, token_ids: Sequence[int], entries: Sequence[Optional[dict]], k: int) -> list[dict]:
+    """Chat completions' logprobs.content entries."""
+    out = []
+    for tid, entry in zip(token_ids, entries):
+        s = token_str(tokenizer, tid, entry)
+        lp = entry.get(tid) if entry else None
+        out.append({"token": s, "logprob": clamp_logprob(lp.logprob) if lp else LOGPROB_FLOOR,
+                    "bytes": list(s.encode("utf-8")),
+                    "top_logprobs": [{"token": (ts := token_str(tokenizer, t, entry)),
+                                      "logprob": clamp_logprob(tl.logprob), "bytes": list(ts.encode("utf-8"))}
+                                     for t, tl in top_entries(entry, k)]})
+    return out
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

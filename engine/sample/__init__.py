@@ -1,0 +1,1 @@
+"""SamplingParams and the batched sampler (beam search too)."""

@@ -1,0 +1,1 @@
+"""Tokenizers (GGUF metadata or HF folders), incremental detokenizing, chat templates."""

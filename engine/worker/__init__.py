@@ -1,0 +1,1 @@
+"""Running a step: SchedulerOutput -> BatchMetadata -> model forward -> logits."""

@@ -1,0 +1,97 @@
+"""ModelRunner: scheduled chunks -> BatchMetadata -> forward -> logits for the rows that need them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.worker.batch import BatchMetadata
+from engine.worker.huge_pages import small_pages, zeros_small_pages
+
+KV_DTYPES = {"auto": np.float16, "fp16": np.float16, "float16": np.float16, "fp32": np.float32,
+             "float32": np.float32}
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """One sequence's share of a step: `token_ids` start at position `start`; its blocks in order.
+
+    logits: 'none' (a prompt chunk that does not reach the end), 'last' (the row that samples), or
+    'all' (every row, for prompt logprobs; the last row still samples).
+    """
+    token_ids: tuple[int, ...]
+    start: int
+    block_ids: tuple[int, ...]
+    logits: str = "last"
+
+
+class ModelRunner:
+    """Owns the model and its paged KV cache (one (K, V) pair per layer)."""
+
+    def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str = "auto"):
+        if kv_cache_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {sorted(KV_DTYPES)}, got {kv_cache_dtype!r}")
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        dtype = KV_DTYPES[kv_cache_dtype]
+        shape = model.kv_cache_shape(num_blocks, block_size)
+        # touched block by block while serving, so in small pages: huge_pages.py
+        self.kv_caches = [(zeros_small_pages(shape, dtype), zeros_small_pages(shape, dtype))
+                          for _ in range(model.config.num_layers)]
+
+    @staticmethod
+    def kv_bytes_per_block(config, block_size: int, kv_cache_dtype: str = "auto") -> int:
+        itemsize = np.dtype(KV_DTYPES[kv_cache_dtype]).itemsize
+        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * itemsize
+
+    def build_batch(self, chunks: list[SeqChunk]) -> BatchMetadata:
+        bs = self.block_size
+        ids, pos, slots, qsl, lens, logit_rows = [], [], [], [0], [], []
+        max_blocks = max(len(c.block_ids) for c in chunks)
+        tables = np.zeros((len(chunks), max_blocks), dtype=np.int32)
+        for s, c in enumerate(chunks):
+            n = len(c.token_ids)
+            end = c.start + n
+            if end > len(c.block_ids) * bs:
+                raise ValueError(f"sequence {s}: {end} tokens need more than its {len(c.block_ids)} blocks")
+            p = np.arange(c.start, end, dtype=np.int64)
+            blocks = np.asarray(c.block_ids, dtype=np.int64)
+            ids.append(np.asarray(c.token_ids, dtype=np.int64))
+            pos.append(p)
+            slots.append(blocks[p // bs] * bs + p % bs)
+            tables[s, : len(c.block_ids)] = c.block_ids
+            row0 = qsl[-1]
+            if c.logits == "all":
+                logit_rows.extend(range(row0, row0 + n))
+            elif c.logits == "last":
+                logit_rows.append(row0 + n - 1)
+            qsl.append(row0 + n)
+            lens.append(end)
+        return BatchMetadata(
+            input_ids=np.concatenate(ids), positions=np.concatenate(pos),
+            query_start_loc=np.asarray(qsl, dtype=np.int32), seq_lens=np.asarray(lens, dtype=np.int32),
+            block_tables=tables, slot_mapping=np.concatenate(slots),
+            logits_indices=np.asarray(logit_rows, dtype=np.int64))
+
+    def execute_hidden(self, chunks: list[SeqChunk]) -> list[np.ndarray | None]:
+        """Runs one forward pass; returns per chunk the hidden rows its `logits` asks for, or None.
+        The engine turns them into logits in slices (a 512-row prompt x 262k vocab is 512 MB)."""
+        meta = self.build_batch(chunks)
+        with small_pages():  # a step's arrays: huge_pages.py
+            hidden = self.model.forward(meta, self.kv_caches)
+        rows = hidden[meta.logits_indices]
+        out, r = [], 0
+        for c in chunks:
+            k = {"none": 0, "last": 1, "all": len(c.token_ids)}[c.logits]
+            out.append(rows[r:r + k] if k else None)
+            r += k
+        return out
+
+    def compute_logits(self, hidden_rows: np.ndarray, per_row: bool = False) -> np.ndarray:
+        with small_pages():
+            return self.model.compute_logits(hidden_rows, per_row=per_row)
+
+    def execute(self, chunks: list[SeqChunk]) -> list[np.ndarray | None]:
+        """Runs one forward pass; returns per chunk its logits rows (1 or n rows) or None."""
+        return [None if h is None else self.compute_logits(h) for h in self.execute_hidden(chunks)]

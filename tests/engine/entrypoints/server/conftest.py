@@ -1,0 +1,105 @@
+"""One real `ramlm serve` subprocess for the whole tests/engine/entrypoints/server package (package-scoped fixture).
+
+It runs the embedded gemma-3-270m on a free 127.0.0.1 port with an API key, two served model names
+and a 1 MiB body limit, so the same server exercises auth, model names and 413s.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[4]
+API_KEY = "test-key-123"
+MODEL = "ramlm-test"
+ALIAS = "gemma-alias"
+MAX_MODEL_LEN = 512
+MAX_BODY = 1 << 20
+START_TIMEOUT_S = 300  # a cold Numba cache compiles the kernels first
+
+
+@dataclass
+class Server:
+    base_url: str
+    api_key: str
+    model: str
+    log_path: str
+
+    def client(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {self.api_key}"},
+                            timeout=60.0, **kw)
+
+    def metrics(self) -> dict[str, float]:
+        from engine.entrypoints.server.metrics import parse_metrics
+        return parse_metrics(httpx.get(self.base_url + "/metrics", timeout=10).text)
+
+    def wait_idle(self, timeout: float = 30.0) -> dict[str, float]:
+        """Polls /metrics until nothing runs or waits and no KV block is held; returns the last values."""
+        deadline = time.monotonic() + timeout
+        m = self.metrics()
+        while time.monotonic() < deadline:
+            if (m["ramlm:num_requests_running"] == 0 and m["ramlm:num_requests_waiting"] == 0
+                    and m["ramlm:kv_cache_used_blocks"] == 0):
+                return m
+            time.sleep(0.1)
+            m = self.metrics()
+        return m
+
+    def log(self) -> str:
+        return Path(self.log_path).read_text(errors="replace")[-5000:]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="package")
+def server():
+    port = free_port()
+    log = tempfile.NamedTemporaryFile("w", prefix="ramlm-serve-", suffix=".log", delete=False)
+    cmd = [sys.executable, "-m", "engine.entrypoints.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory", "0.5", "--api-key", API_KEY,
+           "--served-model-name", MODEL, ALIAS, "--max-request-body-bytes", str(MAX_BODY),
+           "--disable-access-log", "--uvicorn-log-level", "warning"]
+    env = {k: v for k, v in os.environ.items() if k != "RAMLM_API_KEY"}
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+    srv = Server(f"http://127.0.0.1:{port}", API_KEY, MODEL, log.name)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"the server exited with {proc.returncode}:\n{srv.log()}")
+            try:
+                if httpx.get(srv.base_url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the server did not answer /health in {START_TIMEOUT_S} s:\n{srv.log()}")
+            time.sleep(0.25)
+        yield srv
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+        log.close()
+        os.unlink(log.name)
+
+
+@pytest.fixture(scope="package")
+def http(server):
+    with server.client() as c:
+        yield c
