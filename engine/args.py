@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, get_type_hints
 
+from engine.core.kv_spec import KV_CACHE_DTYPES
+
 
 def _meta(help: str, **kw) -> dict:
     return {"help": help, **kw}
@@ -20,7 +22,8 @@ class EngineArgs:
     max_model_len: Optional[int] = field(default=None, metadata=_meta(
         "context length (default: the model's, capped at 8192)"))
     dtype: str = field(default="auto", metadata=_meta("activation dtype: auto|float32 (CPU math is float32)"))
-    kv_cache_dtype: str = field(default="auto", metadata=_meta("KV cache dtype: auto (=fp16)|fp16|fp32"))
+    kv_cache_dtype: str = field(default="auto", metadata=_meta(
+        "KV cache element type: auto (= fp16), fp16/float16, fp32/float32", choices=tuple(KV_CACHE_DTYPES)))
     block_size: int = field(default=16, metadata=_meta("tokens per KV-cache block"))
     kv_cache_memory: Optional[float] = field(default=None, metadata=_meta(
         "GiB of RAM for the KV cache (default: a safe fraction of available RAM)"))

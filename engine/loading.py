@@ -4,14 +4,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import psutil
 
 from engine.args import EngineArgs
 from engine.core.kv_cache import num_blocks_for_budget
 from engine.model.config import ModelConfig
-from engine.worker.runner import KV_DTYPES, ModelRunner
-
-KV_RAM_FRACTION = 0.4  # of the RAM still available after the weights
+from engine.core.kv_spec import KV_RAM_FRACTION, bytes_per_block, kv_storage_dtype
+from engine.worker.runner import ModelRunner
 
 
 @dataclass
@@ -53,13 +53,12 @@ def load_tokenizer(args: EngineArgs, ws):
 def kv_pool_blocks(args: EngineArgs, cfg: ModelConfig, max_model_len: int, weight_bytes: int) -> int:
     if args.num_gpu_blocks_override:
         return int(args.num_gpu_blocks_override)
-    itemsize = KV_DTYPES[args.kv_cache_dtype]().itemsize
     if args.kv_cache_memory is not None:
         budget = int(args.kv_cache_memory * 2**30)
     else:
         budget = int(max(psutil.virtual_memory().available - weight_bytes, 2**28) * KV_RAM_FRACTION)
-    return num_blocks_for_budget(budget, args.block_size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                                 itemsize, max_model_len, args.max_num_seqs)
+    per_block = bytes_per_block(cfg.num_layers, args.block_size, cfg.num_kv_heads, cfg.head_dim, args.kv_cache_dtype)
+    return num_blocks_for_budget(budget, per_block, args.block_size, max_model_len, args.max_num_seqs)
 
 
 def load_everything(args: EngineArgs) -> Loaded:
@@ -72,8 +71,7 @@ def load_everything(args: EngineArgs) -> Loaded:
     path = args.resolved_model()
     ws = open_weights(path)
     # Cold JIT cache: a helper process compiles the non-matmul kernels while this one compiles the formats'.
-    kv_dtype = KV_DTYPES.get(args.kv_cache_dtype)
-    helper = prewarm.start_kernel_helper(kv_dtype) if kv_dtype is not None else None
+    helper = prewarm.start_kernel_helper(np.dtype(kv_storage_dtype(args.kv_cache_dtype)).type)
     try:
         # The tokenizer (about 1 s for a 262k vocabulary, mostly in Rust) loads while the weights repack.
         with ThreadPoolExecutor(1, thread_name_prefix="ramlm-tokenizer") as pool:

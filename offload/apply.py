@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 
+from engine.core.kv_spec import kv_storage_dtype
 from offload.plan_types import PlacementPlan, PlanOptions
 
 logger = logging.getLogger("ramlm.offload")
-KV_TORCH_DTYPES = {"auto": "float16", "fp16": "float16", "float16": "float16", "fp32": "float32", "float32": "float32"}
 
 
 def torch_device(name: str):
@@ -94,7 +94,7 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
     conv = Converter(model, ctx, default_fmt=wd if wd in DTYPES else "packed")
     originals = (list(model.blocks), model.lm_head) if keep_originals else None
     cfg = model.config
-    kv_dtype = getattr(torch, KV_TORCH_DTYPES[kv_cache_dtype])
+    kv_dtype = getattr(torch, kv_storage_dtype(kv_cache_dtype))
     kv_shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
     patches, runner_kv, device_kv = [], {}, {}
     with torch.no_grad():

@@ -24,7 +24,8 @@ from dataclasses import replace
 from offload.devices import Devices
 from offload.meta import ModelMeta
 from offload.plan_types import GIB, DeviceUsage, KVPlan, LayerPlan, PlacementPlan, PlanOptions, gib
-from offload.sizes import DTYPE_BYTES, KV_ITEM, KV_RAM_FRACTION, SizeModel, _Choice, layers_text
+from engine.core.kv_spec import KV_RAM_FRACTION, kv_storage_dtype
+from offload.sizes import DTYPE_BYTES, SizeModel, _Choice, layers_text
 
 
 def plan(model_meta: ModelMeta, devices: Devices, args=None, **overrides) -> PlacementPlan:
@@ -363,6 +364,6 @@ class _Planner(SizeModel):
                              g.kind if g is not None and self.o.wants_gpu() else "", bool(g and g.shared_with_host),
                              self.compute_dtype if g is not None else "float32", "cpu",
                              gname if out_gpu else "cpu", out_fmt if out_gpu else "native", tuple(layers),
-                             KVPlan(o.block_size, "float32" if KV_ITEM[o.kv_cache_dtype] == 4 else "float16",
+                             KVPlan(o.block_size, kv_storage_dtype(o.kv_cache_dtype),
                                     int(blocks), int(blocks) * o.block_size, per, kv_by, tier, why),
                              tuple(usage), tuple(self.reasons), tuple(self.warnings), opts)

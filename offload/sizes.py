@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from engine.core.kv_spec import bytes_per_block_per_layer
 from offload.devices import Devices, DeviceInfo
 from offload.meta import ModelMeta, TensorMeta
 from offload.plan_types import DeviceUsage, PlanOptions
@@ -19,10 +20,8 @@ MIB = 1 << 20
 DEVICE_PACKED_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
                                  "Q4_K", "Q5_K", "Q6_K"})
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-KV_ITEM = {"auto": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4}
 ATTN_SCRATCH = 256 * MIB   # gpu_kernels.attention.SCRATCH_BYTES
 PACKED_TILE_WORK = 128 * MIB  # dequantization temporaries of one tile on the packed path
-KV_RAM_FRACTION = 0.4      # engine.loading's, for plans made outside the engine
 
 
 @dataclass
@@ -74,7 +73,8 @@ class SizeModel:
         self.ram = devices.ram
         self.gpu: DeviceInfo | None = None
         self.units = [self._layer_units(i) for i in range(self.L)]
-        self.block_layer_bytes = 2 * o.block_size * meta.num_kv_heads * meta.head_dim * KV_ITEM[o.kv_cache_dtype]
+        self.block_layer_bytes = bytes_per_block_per_layer(o.block_size, meta.num_kv_heads, meta.head_dim,
+                                                           o.kv_cache_dtype)
         self.ignore_rules = False
 
     # ------------------------------------------------------------ sizes

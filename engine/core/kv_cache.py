@@ -334,15 +334,14 @@ class KVCacheManager:
         return True
 
 
-def num_blocks_for_budget(bytes_budget: int, block_size: int, num_layers: int, num_kv_heads: int,
-                          head_dim: int, dtype_bytes: int, max_model_len: int, max_num_seqs: int) -> int:
+def num_blocks_for_budget(bytes_budget: int, bytes_per_block: int, block_size: int, max_model_len: int,
+                          max_num_seqs: int) -> int:
     """How many KV blocks (null block included) to allocate for a byte budget.
 
-    One block holds K and V for block_size tokens in every layer. Never more than max_num_seqs
-    sequences of max_model_len tokens can use, plus the null block.
+    bytes_per_block: one block's K and V in every layer (core.kv_spec.bytes_per_block). Never more than
+    max_num_seqs sequences of max_model_len tokens can use, plus the null block.
     Raises ValueError when the budget holds fewer than 2 blocks.
     """
-    bytes_per_block = 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes
     fits = int(bytes_budget // bytes_per_block)
     useful = max_num_seqs * cdiv(max_model_len, block_size) + 1
     n = min(fits, useful)

@@ -5,11 +5,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.core.kv_spec import bytes_per_block, kv_storage_dtype
 from engine.worker.batch import BatchMetadata
 from engine.worker.huge_pages import small_pages, zeros_small_pages
 
-KV_DTYPES = {"auto": np.float16, "fp16": np.float16, "float16": np.float16, "fp32": np.float32,
-             "float32": np.float32}
 
 
 @dataclass(frozen=True)
@@ -29,12 +28,10 @@ class ModelRunner:
     """Owns the model and its paged KV cache (one (K, V) pair per layer)."""
 
     def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str = "auto"):
-        if kv_cache_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {sorted(KV_DTYPES)}, got {kv_cache_dtype!r}")
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
-        dtype = KV_DTYPES[kv_cache_dtype]
+        dtype = np.dtype(kv_storage_dtype(kv_cache_dtype))
         shape = model.kv_cache_shape(num_blocks, block_size)
         # touched block by block while serving, so in small pages: huge_pages.py
         self.kv_caches = [(zeros_small_pages(shape, dtype), zeros_small_pages(shape, dtype))
@@ -42,8 +39,7 @@ class ModelRunner:
 
     @staticmethod
     def kv_bytes_per_block(config, block_size: int, kv_cache_dtype: str = "auto") -> int:
-        itemsize = np.dtype(KV_DTYPES[kv_cache_dtype]).itemsize
-        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * itemsize
+        return bytes_per_block(config.num_layers, block_size, config.num_kv_heads, config.head_dim, kv_cache_dtype)
 
     def build_batch(self, chunks: list[SeqChunk]) -> BatchMetadata:
         bs = self.block_size

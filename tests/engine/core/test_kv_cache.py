@@ -214,8 +214,8 @@ def test_pool_validation():
 
 def test_num_blocks_for_budget():
     # 2 (K, V) * 2 layers * 16 tokens * 4 heads * 8 dim * 2 bytes = 4096 bytes per block
-    assert num_blocks_for_budget(40960, 16, 2, 4, 8, 2, max_model_len=4096, max_num_seqs=8) == 10
+    assert num_blocks_for_budget(40960, 4096, 16, max_model_len=4096, max_num_seqs=8) == 10
     # Capped at what max_num_seqs sequences of max_model_len tokens can use, + the null block.
-    assert num_blocks_for_budget(10**12, 16, 2, 4, 8, 2, max_model_len=100, max_num_seqs=3) == 3 * 7 + 1
+    assert num_blocks_for_budget(10**12, 4096, 16, max_model_len=100, max_num_seqs=3) == 3 * 7 + 1
     with pytest.raises(ValueError, match="at least 2"):
-        num_blocks_for_budget(4096, 16, 2, 4, 8, 2, max_model_len=100, max_num_seqs=3)
+        num_blocks_for_budget(4096, 4096, 16, max_model_len=100, max_num_seqs=3)

@@ -1,0 +1,33 @@
+"""The KV cache's storage, in one place: which `kv_cache_dtype` values exist, what each stores, how many bytes a
+block takes, and the share of free RAM the pool takes by default. The runner, the loader, the planner and the
+GPU placement all read these (plain names and ints: no numpy or torch here)."""
+from __future__ import annotations
+
+# kv_cache_dtype (vLLM's argument) -> the element type the cache stores (numpy and torch spell these alike).
+KV_CACHE_DTYPES = {"auto": "float16", "fp16": "float16", "float16": "float16", "fp32": "float32", "float32": "float32"}
+ITEMSIZE = {"float16": 2, "float32": 4}
+# Without kv_cache_memory, the pool takes this share of the RAM still available after the weights.
+KV_RAM_FRACTION = 0.4
+
+
+def kv_storage_dtype(kv_cache_dtype: str) -> str:
+    """The element type name ('float16' or 'float32') of a kv_cache_dtype; ValueError naming the supported ones."""
+    try:
+        return KV_CACHE_DTYPES[kv_cache_dtype]
+    except (KeyError, TypeError):
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not supported; supported: "
+                         f"{', '.join(KV_CACHE_DTYPES)}") from None
+
+
+def kv_itemsize(kv_cache_dtype: str) -> int:
+    return ITEMSIZE[kv_storage_dtype(kv_cache_dtype)]
+
+
+def bytes_per_block_per_layer(block_size: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str) -> int:
+    """K and V of block_size tokens in one layer."""
+    return 2 * block_size * num_kv_heads * head_dim * kv_itemsize(kv_cache_dtype)
+
+
+def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str) -> int:
+    """One block id's K and V in every layer (a block id is shared by all layers)."""
+    return num_layers * bytes_per_block_per_layer(block_size, num_kv_heads, head_dim, kv_cache_dtype)
