@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, get_type_hints
 
@@ -118,6 +117,3 @@ def _base_type(typ) -> type:
         return next(a for a in args if a is not type(None))
     return typ
 
-
-def default_num_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

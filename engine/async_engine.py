@@ -151,11 +151,6 @@ class AsyncLLMEngine:
         self.last_error: Optional[str] = None
 
     @classmethod
-    def from_engine_args(cls, args, **kw) -> "AsyncLLMEngine":
-        from engine.engine import LLMEngine
-        return cls.build(lambda: LLMEngine(args), **kw)
-
-    @classmethod
     def build(cls, make_engine: Callable[[], Any], **kw) -> "AsyncLLMEngine":
         """Runs make_engine() on the engine thread itself, then that thread's loop; returns (running) once the
         engine is built, or raises make_engine's error. Loading there means every Numba parallel region starts

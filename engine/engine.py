@@ -204,7 +204,7 @@ class LLMEngine:
         sampled = self._sample(so.scheduled, hidden)
         if sampled and fused_compile.pending():
             fused_compile.start_pending()  # after a first token, not before it (fused_compile's docstring)
-        self.num_prompt_tokens += sum(len(s.token_ids) for s in so.scheduled if not s.sample or
+        self.num_prompt_tokens += sum(s.num_tokens for s in so.scheduled if not s.sample or
                                       s.start_pos + len(s.token_ids) <= self.children[s.req_id].request.num_prompt_tokens)
         finished = {req.request_id: reason for req, reason in self.scheduler.update_from_output(so, sampled)}
         touched: dict[str, None] = {}

@@ -59,13 +59,6 @@ class Placement:
             import torch
             torch.cuda.empty_cache()
 
-    def device_memory(self) -> int:
-        """Bytes torch has allocated on the plan's device (0 on torch's CPU device)."""
-        if self.ctx is None or self.ctx.device.type != "cuda":
-            return 0
-        import torch
-        return int(torch.cuda.memory_allocated(self.ctx.device))
-
 
 def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto",
                runner=None, keep_originals: bool = False) -> Placement:

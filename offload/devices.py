@@ -48,10 +48,6 @@ class DeviceInfo:
     compute_capability: str = ""
     description: str = ""
 
-    @property
-    def is_gpu(self) -> bool:
-        return self.kind != "ram"
-
     def supports_bf16(self) -> bool:
         if self.kind == "cuda":
             try:

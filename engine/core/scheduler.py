@@ -32,7 +32,7 @@ from numbers import Integral
 
 from engine.core.kv_cache import KVCacheManager
 from engine.core.request import FinishReason, Request, RequestStatus
-from engine.core.scheduler_output import NewRequestData, ScheduledRequest, SchedulerOutput, SchedulerStats
+from engine.core.scheduler_output import ScheduledRequest, SchedulerOutput, SchedulerStats
 
 
 class Scheduler:
@@ -62,7 +62,6 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # live (waiting or running) requests
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self.num_swap_outs = 0  # preemptions that went to the RAM tier (requests)
         self.num_swap_ins = 0
@@ -113,7 +112,6 @@ class Scheduler:
         req.finished_time = time.monotonic()
         self.kv.free(req)
         del self.requests[req.request_id]
-        self._finished_req_ids.add(req.request_id)
 
     def _preempt(self, req: Request, swap_out: list[tuple[int, int]]) -> None:
         """Swaps req's blocks to the RAM tier (pairs appended to swap_out) when it has room, else frees
@@ -139,8 +137,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
-        picked: list[tuple[Request, int, list[int], bool]] = []  # request, num tokens, new blocks, is new
-        preempted: list[Request] = []
+        picked: list[tuple[Request, int]] = []  # request, num tokens
+        preempted = False
         swap_out: list[tuple[int, int]] = []  # (device block, host block), device -> RAM
         swap_in: list[tuple[int, int]] = []  # (device block, host block), RAM -> device
 
@@ -155,13 +153,13 @@ class Scheduler:
             while new_ids is None:
                 victim = self.running.pop()  # the last arrived; never one already picked (those are < i)
                 self._preempt(victim, swap_out)
-                preempted.append(victim)
+                preempted = True
                 if victim is req:
                     break
                 new_ids = self.kv.allocate_slots(req, n)
             if new_ids is None:
                 break
-            picked.append((req, n, new_ids, False))
+            picked.append((req, n))
             budget -= n
             i += 1
 
@@ -194,28 +192,18 @@ class Scheduler:
                 if req.first_scheduled_time is None:
                     req.first_scheduled_time = time.monotonic()
                     req.num_cached_tokens = num_hit
-                picked.append((req, n, new_ids, True))
+                picked.append((req, n))
                 budget -= n
 
-        scheduled, new_reqs = [], []
-        for req, n, new_ids, is_new in picked:
+        scheduled = []
+        for req, n in picked:
             start = req.num_computed_tokens
             req.num_computed_tokens = start + n
             scheduled.append(ScheduledRequest(
                 req_id=req.request_id, token_ids=tuple(req.all_token_ids[start:start + n]), start_pos=start,
-                block_ids=tuple(req.block_ids), new_block_ids=tuple(new_ids),
-                sample=req.num_computed_tokens >= req.num_tokens))
-            if is_new:
-                new_reqs.append(NewRequestData(
-                    req_id=req.request_id, prompt_token_ids=tuple(req.prompt_token_ids),
-                    output_token_ids=tuple(req.output_token_ids), sampling_params=req.sampling_params,
-                    num_cached_tokens=start))
-        finished, self._finished_req_ids = frozenset(self._finished_req_ids), set()
-        return SchedulerOutput(
-            scheduled=tuple(scheduled), new_requests=tuple(new_reqs),
-            total_num_scheduled_tokens=self.max_num_batched_tokens - budget,
-            finished_req_ids=finished, preempted_req_ids=frozenset(r.request_id for r in preempted),
-            blocks_to_swap_out=tuple(swap_out), blocks_to_swap_in=tuple(swap_in))
+                block_ids=tuple(req.block_ids), sample=req.num_computed_tokens >= req.num_tokens))
+        return SchedulerOutput(scheduled=tuple(scheduled), blocks_to_swap_out=tuple(swap_out),
+                               blocks_to_swap_in=tuple(swap_in))
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            sampled: dict[str, list[int]]) -> list[tuple[Request, FinishReason]]:
@@ -262,9 +250,6 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
-
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.requests)
 
     def reset_prefix_cache(self) -> bool:
         return self.kv.reset_prefix_cache()

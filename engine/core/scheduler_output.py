@@ -1,28 +1,23 @@
 """What the scheduler hands the runner each step, and its statistics: plain frozen data, no arrays.
 
-How the runner consumes a SchedulerOutput (block_size is the KV cache's):
+How the engine consumes a SchedulerOutput (block_size is the KV cache's):
   0. Before the forward pass, even when `scheduled` is empty, copy blocks_to_swap_out (device -> RAM
      tier) and blocks_to_swap_in (RAM tier -> device): a swapped-out device block may be written by
      another request in this very step. One step never has both, so their order does not matter.
-  1. Drop its per-request state for every id in finished_req_ids and preempted_req_ids (in that
-     order, before step 2: an id can be finished and then reused by a new request).
-  2. Create per-request state (sampling params, penalties history, generator) for each entry of
-     new_requests. A request resumed after preemption comes back here, with its outputs so far
-     (after a swap-in, its num_cached_tokens computed tokens came back from the RAM tier).
-  3. For each entry of `scheduled`, in order, append one sequence to the batch:
+  1. For each entry of `scheduled`, in order, append one sequence to the batch:
          rows        token_ids (len q)
          positions   start_pos .. start_pos + q - 1
          seq_len     start_pos + q
          block table block_ids (pad with 0, the null block)
          slot        block_ids[p // block_size] * block_size + p % block_size for each position p
          logits      the last row, only when `sample` is true (a partial prompt chunk never samples)
-  4. Return {req_id: [sampled token]} for exactly the entries with sample true, and pass it to
+  2. Return {req_id: [sampled token]} for exactly the entries with sample true, and pass it to
      Scheduler.update_from_output together with this output.
+The engine keeps its per-request state itself (engine/req_state.py), so the output carries no request data.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -33,62 +28,29 @@ class ScheduledRequest:
     token_ids      tokens to run this step (a prompt chunk, a recompute, or the last sampled token)
     start_pos      position of token_ids[0] = the request's num_computed_tokens before this step
     block_ids      the request's whole block table after this step's allocation
-    new_block_ids  the blocks allocated this step (a suffix of block_ids; the vLLM-style diff)
     sample         this step reaches the request's last known token: sample one token from its last row
     """
     req_id: str
     token_ids: tuple[int, ...]
     start_pos: int
     block_ids: tuple[int, ...]
-    new_block_ids: tuple[int, ...]
     sample: bool
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-    @property
-    def seq_len(self) -> int:
-        """Context length after this step (cached + new tokens), BatchMetadata.seq_lens."""
-        return self.start_pos + len(self.token_ids)
-
-
-@dataclass(frozen=True)
-class NewRequestData:
-    """A request the runner has not seen yet (or sees again after a preemption): sent whole.
-
-    num_cached_tokens  prefix-cache hit tokens, or after a swap-in the tokens whose KV was swapped back:
-                       the KV of positions < num_cached_tokens is already in its first blocks and is
-                       not recomputed
-    """
-    req_id: str
-    prompt_token_ids: tuple[int, ...]
-    output_token_ids: tuple[int, ...]
-    sampling_params: Any
-    num_cached_tokens: int
-
 
 @dataclass(frozen=True)
 class SchedulerOutput:
     """One step. `scheduled` is the batch order: running requests first, then newly admitted ones.
 
-    new_requests       entries of `scheduled` that need fresh runner state
-    finished_req_ids   requests finished or aborted since the previous schedule(): drop their state
-    preempted_req_ids  requests preempted this step (blocks freed; they return later as new requests)
     blocks_to_swap_out (device block, host block) pairs: copy device -> RAM tier before this step runs
     blocks_to_swap_in  (device block, host block) pairs: copy RAM tier -> device before this step runs
     """
     scheduled: tuple[ScheduledRequest, ...]
-    new_requests: tuple[NewRequestData, ...]
-    total_num_scheduled_tokens: int
-    finished_req_ids: frozenset[str]
-    preempted_req_ids: frozenset[str]
     blocks_to_swap_out: tuple[tuple[int, int], ...] = ()
     blocks_to_swap_in: tuple[tuple[int, int], ...] = ()
-
-    @property
-    def num_scheduled_tokens(self) -> dict[str, int]:
-        return {s.req_id: len(s.token_ids) for s in self.scheduled}
 
     @property
     def is_empty(self) -> bool:

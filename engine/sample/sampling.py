@@ -181,11 +181,6 @@ class SamplingParams:
             return SamplingType.RANDOM_SEED
         return SamplingType.RANDOM
 
-    @property
-    def all_stop_token_ids(self) -> set[int]:
-        """stop_token_ids as a set (the engine adds EOS unless ignore_eos)."""
-        return set(self.stop_token_ids)
-
     def clone(self) -> "SamplingParams":
         return copy.deepcopy(self)
 

@@ -163,11 +163,6 @@ class Tokenizer:
             return self.backend.token_to_id(tokens)
         return [self.backend.token_to_id(t) for t in tokens]
 
-    def decode_stream(self, skip_special_tokens: bool = True):
-        """A tokenizers.decoders.DecodeStream: feed ids one by one with .step(backend, id) -> str | None."""
-        from tokenizers.decoders import DecodeStream
-        return DecodeStream(skip_special_tokens=skip_special_tokens)
-
     def __len__(self) -> int:
         return self.vocab_size
 

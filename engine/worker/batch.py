@@ -32,10 +32,6 @@ class BatchMetadata:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
-    @property
-    def num_seqs(self) -> int:
-        return int(self.seq_lens.shape[0])
-
     @cached_property
     def max_seq_len(self) -> int:
         """The longest context (every attention layer sizes its work by it: computed once per step)."""

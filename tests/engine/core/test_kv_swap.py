@@ -7,7 +7,7 @@ from engine.core.kv_cache import KVCacheManager
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 from tests.engine.core.test_kv_cache import SP, prefill, refs, req
-from tests.engine.core.test_scheduler import EOS, fake_token, step
+from tests.engine.core.test_scheduler import EOS, fake_token, schedule, seq_len, step
 
 
 def test_swap_out_and_back_in_exact_ids():
@@ -92,25 +92,26 @@ def two_requests_until_b_is_preempted(num_cpu_blocks):
     for _ in range(3):
         step(s)
     assert s.requests["a"].block_ids == [1, 2] and b.block_ids == [3, 4] and b.num_computed_tokens == 8
-    out, fin = step(s)
-    return s, b, out, fin
+    out, now = schedule(s)
+    fin = s.update_from_output(out, {x.req_id: [fake_token(x.req_id, seq_len(x))] for x in out.scheduled if x.sample})
+    return s, b, out, fin, now
 
 
 def test_scheduler_swaps_instead_of_recomputing():
-    s, b, out, fin = two_requests_until_b_is_preempted(num_cpu_blocks=4)
-    assert out.preempted_req_ids == {"b"} and out.blocks_to_swap_out == ((3, 0), (4, 1))
+    s, b, out, fin, now = two_requests_until_b_is_preempted(num_cpu_blocks=4)
+    assert now == {"b"} and out.blocks_to_swap_out == ((3, 0), (4, 1))
     assert out.blocks_to_swap_in == () and [x.req_id for x in out.scheduled] == ["a"]
     # b's second block is a's third in the same step: the copy out must run before the forward pass.
-    assert out.scheduled[0].new_block_ids == (4,)
+    assert out.scheduled[0].block_ids == (1, 2, 4)
     assert b.status is RequestStatus.PREEMPTED and b.block_ids == [] and b.num_computed_tokens == 8
     assert s.waiting[0] is b and s.make_stats().num_swapped == 1 and s.make_stats().cpu_kv_cache_usage == 0.5
     assert [r.request_id for r, _ in fin] == ["a"]  # a's 4th token: it frees [1, 2, 4]
     out, _ = step(s)
     assert out.blocks_to_swap_in == ((4, 0), (3, 1)) and out.blocks_to_swap_out == ()
-    x, new = out.scheduled[0], out.new_requests[0]
+    x = out.scheduled[0]
     assert (x.req_id, x.start_pos, x.token_ids, x.sample) == ("b", 8, (b.all_token_ids[8],), True)
-    assert x.block_ids == (4, 3, 2) and x.new_block_ids == (2,)
-    assert new.num_cached_tokens == 8 and len(new.output_token_ids) == 3
+    assert x.block_ids == (4, 3, 2)  # two blocks swapped back in, one new
+    assert b.num_output_tokens == 4  # resumed with its 3 outputs, and sampled a 4th
     assert s.kv.swap_space.free_block_ids() == [2, 3, 0, 1]
     while s.has_unfinished_requests():
         step(s)
@@ -121,8 +122,8 @@ def test_scheduler_swaps_instead_of_recomputing():
 
 
 def test_scheduler_recomputes_when_the_tier_is_full():
-    s, b, out, _ = two_requests_until_b_is_preempted(num_cpu_blocks=1)
-    assert out.preempted_req_ids == {"b"} and out.blocks_to_swap_out == ()
+    s, b, out, _, now = two_requests_until_b_is_preempted(num_cpu_blocks=1)
+    assert now == {"b"} and out.blocks_to_swap_out == ()
     assert b.num_computed_tokens == 0 and not s.kv.is_swapped(b)
     assert s.num_swap_outs == 0 and s.num_preemptions == 1
 
@@ -186,16 +187,16 @@ def test_random_workload_with_swaps_attends_to_the_right_tokens():
         for _ in range(2000):
             if not s.has_unfinished_requests():
                 break
-            out = s.schedule()
+            out, now = schedule(s)
             mem.run(out)
             for x in out.scheduled:
                 if x.req_id in resume_at:
                     assert x.start_pos == resume_at.pop(x.req_id), "a swapped-in request recomputed"
-            for rid in out.preempted_req_ids:
+            for rid in now:
                 r = s.requests[rid]
                 if s.kv.is_swapped(r):
                     resume_at[rid] = r.num_computed_tokens
-            sampled = {x.req_id: [fake_token(x.req_id, x.seq_len)] for x in out.scheduled if x.sample}
+            sampled = {x.req_id: [fake_token(x.req_id, seq_len(x))] for x in out.scheduled if x.sample}
             s.update_from_output(out, sampled)
             check_swap_invariants(s)
             if rng.random() < 0.02 and s.requests:

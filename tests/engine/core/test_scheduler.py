@@ -37,9 +37,21 @@ def fake_token(req_id, pos):
     return 1000 + (sum(map(ord, req_id)) * 31 + pos) % 5000
 
 
+def seq_len(x):
+    """A scheduled sequence's context length after the step (BatchMetadata.seq_lens)."""
+    return x.start_pos + x.num_tokens
+
+
+def schedule(s):
+    """(output, ids of the requests this schedule() preempted)."""
+    running = [r.request_id for r in s.running]
+    out = s.schedule()
+    return out, {rid for rid in running if s.requests[rid].status is RequestStatus.PREEMPTED}
+
+
 def step(s, token_fn=fake_token):
     out = s.schedule()
-    sampled = {x.req_id: [token_fn(x.req_id, x.seq_len)] for x in out.scheduled if x.sample}
+    sampled = {x.req_id: [token_fn(x.req_id, seq_len(x))] for x in out.scheduled if x.sample}
     return out, s.update_from_output(out, sampled)
 
 
@@ -66,24 +78,23 @@ def test_chunked_prefill_budget_16():
     out, _ = step(s)
     x = out.scheduled[0]
     assert (x.start_pos, x.num_tokens, x.sample) == (0, 16, False)
-    assert x.token_ids == tuple(range(10, 26)) and x.block_ids == (1, 2, 3, 4) and x.new_block_ids == x.block_ids
-    assert [n.req_id for n in out.new_requests] == ["a"]
+    assert x.token_ids == tuple(range(10, 26)) and x.block_ids == (1, 2, 3, 4)
     out, _ = step(s)
     x = out.scheduled[0]
     assert (x.start_pos, x.num_tokens, x.sample) == (16, 16, False)
-    assert x.new_block_ids == (5, 6, 7, 8) and out.new_requests == ()
+    assert x.block_ids == (1, 2, 3, 4, 5, 6, 7, 8)
     out, _ = step(s)
     x = out.scheduled[0]
-    assert (x.start_pos, x.num_tokens, x.sample, x.seq_len) == (32, 8, True, 40)
+    assert (x.start_pos, x.num_tokens, x.sample, seq_len(x)) == (32, 8, True, 40)
     assert s.requests["a"].output_token_ids == [fake_token("a", 40)]
     out, fin = step(s)  # decode: the last sampled token at position 40 opens block 11
     x = out.scheduled[0]
-    assert (x.start_pos, x.token_ids, x.sample, x.new_block_ids) == (40, (fake_token("a", 40),), True, (11,))
+    assert (x.start_pos, x.token_ids, x.sample, x.block_ids[-1]) == (40, (fake_token("a", 40),), True, 11)
     out, fin = step(s)
     assert [(r.request_id, why) for r, why in fin] == [("a", "length")]
     assert fin[0][0].num_output_tokens == 3
     assert s.kv.usage == 0.0 and not s.has_unfinished_requests()
-    assert s.schedule().finished_req_ids == frozenset({"a"})
+    assert s.schedule().scheduled == ()
 
 
 def test_chunked_prefill_budget_64_two_requests():
@@ -92,10 +103,10 @@ def test_chunked_prefill_budget_64_two_requests():
     add(s, "b", range(100, 140), max_tokens=4)
     out, _ = step(s)
     assert [(x.req_id, x.num_tokens, x.sample) for x in out.scheduled] == [("a", 40, True), ("b", 24, False)]
-    assert out.total_num_scheduled_tokens == 64
+    assert sum(x.num_tokens for x in out.scheduled) == 64
     out, _ = step(s)
     assert [(x.req_id, x.num_tokens, x.sample) for x in out.scheduled] == [("a", 1, True), ("b", 16, True)]
-    assert out.total_num_scheduled_tokens == 17
+    assert sum(x.num_tokens for x in out.scheduled) == 17
 
 
 def test_decodes_go_first():
@@ -151,9 +162,11 @@ def test_preemption_with_tiny_pool_then_everything_finishes():
         add(s, rid, p, max_tokens=12)
     done, preempted, steps = {}, set(), 0
     while s.has_unfinished_requests():
-        out, fin = step(s)
-        preempted |= out.preempted_req_ids
-        for pid in out.preempted_req_ids:  # the runner is told, and the request comes back whole later
+        out, now = schedule(s)
+        fin = s.update_from_output(out, {x.req_id: [fake_token(x.req_id, seq_len(x))] for x in out.scheduled
+                                         if x.sample})
+        preempted |= now
+        for pid in now:  # a preempted request does not run in the step that preempted it
             assert pid not in {x.req_id for x in out.scheduled}
         check_invariants(s)
         done.update({r.request_id: (r, why) for r, why in fin})
@@ -177,20 +190,20 @@ def test_preempted_request_resumes_as_new_with_outputs():
     assert [x.req_id for x in out.scheduled] == ["a", "b"]  # 2 blocks each
     for _ in range(2):
         out, _ = step(s)
-    assert [x.seq_len for x in out.scheduled] == [8, 8]  # both blocks now full
-    out, _ = step(s)  # both need a third block: b (last arrived) is preempted, a takes b's tail block
-    assert out.preempted_req_ids == {"b"} and [x.req_id for x in out.scheduled] == ["a"]
+    assert [seq_len(x) for x in out.scheduled] == [8, 8]  # both blocks now full
+    out, now = schedule(s)  # both need a third block: b (last arrived) is preempted, a takes b's tail block
+    s.update_from_output(out, {"a": [fake_token("a", seq_len(out.scheduled[0]))]})
+    assert now == {"b"} and [x.req_id for x in out.scheduled] == ["a"]
     b = s.requests["b"]
     assert b.status is RequestStatus.PREEMPTED and b.block_ids == [] and b.num_computed_tokens == 0
     assert s.waiting[0] is b
     while "a" in s.requests:
         out, _ = step(s)
     out, _ = step(s)
-    new = out.new_requests[0]
-    assert new.req_id == "b" and len(new.output_token_ids) == 3
     x = out.scheduled[0]
+    assert x.req_id == "b" and b.num_output_tokens == 4  # resumed with its 3 outputs, and sampled a 4th
     # b's first block was still in the prefix cache (its second one was evicted for a).
-    assert new.num_cached_tokens == x.start_pos == 4 and x.seq_len == 9 and x.sample
+    assert x.start_pos == 4 and seq_len(x) == 9 and x.sample
     assert x.block_ids == (3, 4, 2) and x.token_ids == tuple(b.all_token_ids[4:9])
     assert b.num_cached_tokens == 0  # hits at the *first* schedule
 
@@ -228,7 +241,7 @@ def test_abort_mid_prefill_frees_blocks():
     assert s.update_from_output(out, {}) == []  # the in-flight step's result is dropped
     assert s.kv.pool.cached == {}  # its half-written blocks were never published
     nxt = s.schedule()
-    assert nxt.finished_req_ids == {"a"} and nxt.scheduled == ()
+    assert nxt.scheduled == () and "a" not in s.requests
     assert s.abort_requests(["a", "unknown"]) == []
 
 
@@ -307,7 +320,7 @@ def test_n_children_share_prompt_blocks_in_a_later_step():
     # p-0 decodes first; p-1 and p-2 hit p-0's two full prompt blocks and compute only 2 tokens.
     assert [(x.req_id, x.start_pos, x.num_tokens, x.block_ids) for x in out.scheduled] == [
         ("p-0", 10, 1, (1, 2, 3)), ("p-1", 8, 2, (1, 2, 4)), ("p-2", 8, 2, (1, 2, 5))]
-    assert [n.num_cached_tokens for n in out.new_requests] == [8, 8]
+    assert [s.requests[f"p-{k}"].num_cached_tokens for k in (1, 2)] == [8, 8]
     assert [s.kv.pool.blocks[i].ref_cnt for i in (1, 2)] == [3, 3]
     stats = s.make_stats()
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (30, 16)
