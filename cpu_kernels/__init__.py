@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 
+from cpu_kernels import envs
+
 # omp: 18 us per parallel GEMV launch here against 134 us for workqueue; an explicit layer makes a
 # missing libgomp an error rather than a silent slowdown (../shared/notes/cpu-kernels.md).
 os.environ.setdefault("NUMBA_THREADING_LAYER", "omp")
@@ -31,7 +33,7 @@ def _cache_dir() -> str:
     """NUMBA_CACHE_DIR when the user chose one, else $RAMLM_CACHE_DIR (~/.cache/ramlm)/numba/<source digest>."""
     if os.environ.get("NUMBA_CACHE_DIR"):
         return os.environ["NUMBA_CACHE_DIR"]
-    base = os.environ.get("RAMLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ramlm")
+    base = envs.get("RAMLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ramlm")
     return os.path.join(base, "numba", _source_digest())
 
 

@@ -11,21 +11,18 @@ invariant, so batch_invariant runs use neither.
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
-from cpu_kernels import attention
+from cpu_kernels import attention, envs
 from cpu_kernels.quant.simd import AMX
 from cpu_kernels.quant.threads import match_torch_threads
 
 
 def enabled() -> bool:
     """Whether long chunks take this path: AMX hosts, unless RAMLM_SDPA_PREFILL says 0 or 1."""
-    forced = os.environ.get("RAMLM_SDPA_PREFILL")
-    if forced in ("0", "1"):
-        return forced == "1"
-    return AMX
+    forced = envs.get("RAMLM_SDPA_PREFILL")
+    return AMX if forced is None else forced
 
 
 def sequence_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, seq_len: int,

@@ -12,6 +12,8 @@ import logging
 import os
 from collections import Counter
 
+from cpu_kernels import envs
+
 logger = logging.getLogger("ramlm.gpu_kernels")
 DEVICE_TYPES = ("cuda", "xpu")
 calls: Counter = Counter()  # kernel name -> Triton launches, so benches and tests can tell which path ran
@@ -20,7 +22,7 @@ _failed: set[str] = set()
 
 
 def enabled() -> bool:
-    return os.environ.get("RAMLM_TRITON", "1").strip() != "0"
+    return envs.get("RAMLM_TRITON")
 
 
 def interpreting() -> bool:

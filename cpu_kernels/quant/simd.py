@@ -10,13 +10,14 @@ Set RAMLM_SIMD=avx2 or RAMLM_SIMD=generic (or RAMLM_PORTABLE_SIMD=1) to force a 
 """
 from __future__ import annotations
 
-import os
 
 import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
+
+from cpu_kernels import envs
 
 
 def _host_features() -> set[str]:
@@ -28,8 +29,8 @@ def _host_features() -> set[str]:
 
 
 # RAMLM_SIMD=auto|avx2|generic caps the instruction set (tests run each path on one host).
-SIMD_LEVEL = os.environ.get("RAMLM_SIMD", "auto")
-FORCE_PORTABLE = os.environ.get("RAMLM_PORTABLE_SIMD", "") not in ("", "0") or SIMD_LEVEL == "generic"
+SIMD_LEVEL = envs.get("RAMLM_SIMD")
+FORCE_PORTABLE = envs.get("RAMLM_PORTABLE_SIMD") or SIMD_LEVEL == "generic"
 HOST_FEATURES = _host_features()
 HAS_VNNI = not FORCE_PORTABLE and SIMD_LEVEL == "auto" and {"avx512vnni", "avx512vl", "avx512bw"} <= HOST_FEATURES
 # AVX2 without VNNI (Zen 3, Haswell..Alder Lake): dpbusd as vpmaddubsw/vpmaddwd pairs, llama.cpp's way.

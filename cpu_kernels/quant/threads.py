@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import time
 
+from cpu_kernels import envs
+
 # Kernels with less work than serial_work() bytes run on the calling thread alone. A parallel launch costs
 # ~20 us on a quiet machine, where only tiny kernels should skip the pool (gemma-3-270m decode 66 tok/s at
 # 256 KiB against 52 at 2 MiB); but when another process holds a core every barrier waits for a scheduler
@@ -41,9 +43,9 @@ def serial_work() -> int:
     now = time.monotonic()
     if now - _state["checked"] >= _CHECK_EVERY_S:
         _state["checked"] = now
-        forced = os.environ.get("RAMLM_SERIAL_WORK")
-        if forced:
-            _state["value"] = int(forced)
+        forced = envs.get("RAMLM_SERIAL_WORK")
+        if forced is not None:
+            _state["value"] = forced
             return _state["value"]
         others = _runnable_elsewhere()
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
+
+from cpu_kernels import envs
 
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # = engine.entrypoints.server.app's; kept here so `ramlm --help` needs no fastapi
 
@@ -92,7 +93,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     engine.set_hooks(on_first_token=metrics.on_first_token, on_finished=metrics.on_finished,
                      on_aborted=metrics.on_aborted)
     state = ServerState(engine=engine, model_names=list(names), model_path=llm_engine.model_path, metrics=metrics)
-    api_key = ns.api_key or os.environ.get("RAMLM_API_KEY") or None
+    api_key = ns.api_key or envs.get("RAMLM_API_KEY") or None
     app = build_app(state, api_key=api_key, max_body_bytes=ns.max_request_body_bytes)
     logging.getLogger("ramlm.server").info(
         "serving %s as %s on http://%s:%d (max_model_len %d, %d KV blocks, API key %s); loaded in %.1f s",

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import BPE
 
+from cpu_kernels import envs
 from engine.errors import ModelLoadError
 
 # Bump when the built tokenizer.json changes, so that stale cache files are not read.
@@ -78,7 +79,7 @@ def tokenizer_cache_key(path: str | os.PathLike) -> str:
 
 def cache_dir() -> Path:
     """$RAMLM_CACHE_DIR/tokenizers, default ~/.cache/ramlm/tokenizers."""
-    base = os.environ.get("RAMLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ramlm")
+    base = envs.get("RAMLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ramlm")
     return Path(base) / "tokenizers"
 
 
