@@ -8,13 +8,27 @@ angle in float64 rounded to float32 (within 1 ulp of torch's), and rotates witho
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit, prange
 
-from engine.model.config import RopeScaling
-
 _PAR_MIN_ROWS = 8
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How RoPE frequencies are scaled; type is 'none', 'linear', 'llama3' or 'yarn'."""
+    type: str = "none"
+    factor: float = 1.0
+    original_max_position: int = 0
+    # llama3
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    # yarn
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attn_factor: float = 1.0  # mscale multiplier; yarn's own mscale is computed from factor
 
 
 def _base_inv_freq(dim: int, theta: float) -> np.ndarray:

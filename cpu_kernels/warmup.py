@@ -5,7 +5,7 @@ import numpy as np
 
 from cpu_kernels import activations, attention, norms, rope
 from cpu_kernels.attn_inputs import attn_inputs
-from engine.model.config import RopeScaling
+from cpu_kernels.rope import RopeScaling
 
 
 def warmup(kv_dtypes=(np.float16, np.float32)) -> None:

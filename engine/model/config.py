@@ -3,26 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, asdict
 
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """How RoPE frequencies are scaled; type is 'none', 'linear', 'llama3' or 'yarn'."""
-    type: str = "none"
-    factor: float = 1.0
-    original_max_position: int = 0
-    # llama3
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    # yarn
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    attn_factor: float = 1.0  # mscale multiplier; yarn's own mscale is computed from factor
+from cpu_kernels.rope import RopeScaling  # noqa: F401 (re-exported: the engine's configs carry it)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Hyperparameters every architecture file reads. Shapes follow GGUF: weights are (out, in)."""
-    arch: str                      # GGUF general.architecture: llama, qwen2, qwen3, gemma3, qwen3moe
+    arch: str                      # GGUF general.architecture (engine/model/archs/)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -33,7 +20,6 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_theta_local: float = 0.0  # gemma3: base for sliding-window layers (0 = same as rope_theta)
-    rope_neox: bool = False        # True: pair (i, i + d/2); False: pair (2i, 2i + 1)
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
@@ -48,13 +34,20 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
+    dense_layers: tuple[int, ...] = ()  # layers of a MoE model with a dense MLP instead
     # Tokens
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = ""
 
+    @property
+    def rope_neox(self) -> bool:
+        """RoPE pairs (i, i + d/2) (True) or (2i, 2i + 1) (llama's permuted GGUF rows): the architecture's."""
+        from engine.model.registry import architecture
+        return architecture(self.arch).rope_neox
+
     def sliding_window(self, layer: int) -> int:
         return self.layer_sliding_window[layer] if self.layer_sliding_window else 0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "rope_neox": self.rope_neox}

@@ -100,7 +100,7 @@ def _add_kv(w: gguf.GGUFWriter, key: str, value) -> None:
 def llama3_rope_freqs(cfg: ModelConfig) -> np.ndarray:
     """llama.cpp's rope_freqs.weight: per-frequency divisors that turn plain RoPE into llama3 scaling."""
     from cpu_kernels.rope import rope_inv_freq
-    from engine.model.config import RopeScaling
+    from cpu_kernels.rope import RopeScaling
     plain, _ = rope_inv_freq(cfg.head_dim, cfg.rope_theta, RopeScaling())
     scaled, _ = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     return (np.asarray(plain, np.float64) / np.asarray(scaled, np.float64)).astype(np.float32)

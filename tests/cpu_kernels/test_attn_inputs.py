@@ -6,7 +6,7 @@ import pytest
 
 from cpu_kernels import attention, norms, rope
 from cpu_kernels.attn_inputs import attn_inputs
-from engine.model.config import RopeScaling
+from cpu_kernels.rope import RopeScaling
 
 
 def _parts_in_turn(y, hq, hkv, d, qn, kn, cos, sin, neox, kc, vc, slots):
