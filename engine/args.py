@@ -20,7 +20,12 @@ class EngineArgs:
     tokenizer: Optional[str] = field(default=None, metadata=_meta("HF tokenizer folder (default: from the model)"))
     max_model_len: Optional[int] = field(default=None, metadata=_meta(
         "context length (default: the model's, capped at 8192)"))
-    dtype: str = field(default="auto", metadata=_meta("activation dtype: auto|float32 (CPU math is float32)"))
+    dtype: str = field(default="auto", metadata=_meta(
+        "activation precision (vLLM's dtype): float32 (or float) computes everything in float32: long prefill "
+        "chunks, their attention, MoE routers and GPU layers; bfloat16 runs long prefill chunks, their attention and "
+        "GPU layers in bfloat16 (decode's int8/float32 kernels are the same either way); auto keeps prefill_dtype's "
+        "choice and the GPU's native type. float16/half is refused: the CPU kernels have no float16 path",
+        choices=("auto", "float32", "float", "bfloat16")))
     kv_cache_dtype: str = field(default="auto", metadata=_meta(
         "KV cache element type: auto (= fp16), fp16/float16, fp32/float32", choices=tuple(KV_CACHE_DTYPES)))
     block_size: int = field(default=16, metadata=_meta("tokens per KV-cache block"))
@@ -67,10 +72,24 @@ class EngineArgs:
         "JSON description of RAM and GPUs used instead of probing (planning for another machine, tests)"))
 
     def __post_init__(self):
+        if self.dtype in ("float16", "half"):
+            raise ValueError(f"dtype {self.dtype!r} is not supported: ramlm's CPU kernels compute in float32 or "
+                             "bfloat16 (use dtype='bfloat16', 'float32' or 'auto')")
         for f in fields(self):
             allowed = f.metadata.get("choices")
             if allowed and getattr(self, f.name) not in allowed:
                 raise ValueError(f"{f.name} must be one of {', '.join(allowed)}, got {getattr(self, f.name)!r}")
+        self.effective_prefill_dtype()
+
+    def effective_prefill_dtype(self) -> str:
+        """The long prefill chunks' precision once dtype is applied: dtype float32/bfloat16 decide it (a conflicting
+        prefill_dtype is refused); dtype auto leaves prefill_dtype's own choice."""
+        want = {"float": "float32", "float32": "float32", "bfloat16": "bfloat16"}.get(self.dtype)
+        if want is None:
+            return self.prefill_dtype
+        if self.prefill_dtype not in ("auto", want):
+            raise ValueError(f"dtype={self.dtype!r} conflicts with prefill_dtype={self.prefill_dtype!r}")
+        return want
 
     def resolved_model(self) -> str:
         if self.model:

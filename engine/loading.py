@@ -78,7 +78,7 @@ def load_everything(args: EngineArgs) -> Loaded:
             tok_future = pool.submit(load_tokenizer, args, ws)
             prewarm.compile_formats({ws.info(n).ggml_type for n in ws.names() if len(ws.info(n).shape) == 2})
             model, cfg = load_model(path, batch_invariant=args.batch_invariant, weights=ws)
-            model.prefill_dtype = args.prefill_dtype
+            model.prefill_dtype = args.effective_prefill_dtype()
             tokenizer = tok_future.result()
     except BaseException:
         prewarm.stop(helper)

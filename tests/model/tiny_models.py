@@ -52,3 +52,14 @@ def tiny_model(arch: str, seed: int = 0):
 @torch.no_grad()
 def hf_logits(model, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([ids])).logits[0].float()
+
+
+def save_tiny_tokenizer(folder, vocab_size: int = 256) -> None:
+    """A real word-level tokenizer.json of vocab_size tokens ("t0".."tN", t1 = EOS) beside a tiny model, so that
+    LLM(model=folder) loads it like any HF folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text('{"eos_token": "t1", "unk_token": "t0"}')
