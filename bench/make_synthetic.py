@@ -30,12 +30,12 @@ SHAPES = {
     "qwen3-moe-30b-a3b": dict(arch="qwen3moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
                               num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128, rope_theta=1e6,
                               rms_norm_eps=1e-6, max_position_embeddings=32768, num_experts=128,
-                              num_experts_per_tok=8, moe_intermediate_size=768, rope_neox=True),
+                              num_experts_per_tok=8, moe_intermediate_size=768),
     "tiny-llama": dict(arch="llama", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
                        num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=2048),
     "tiny-moe": dict(arch="qwen3moe", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=64, max_position_embeddings=2048, num_experts=8,
-                     num_experts_per_tok=2, moe_intermediate_size=256, rope_neox=True),
+                     num_experts_per_tok=2, moe_intermediate_size=256),
 }
 
 # Byte offsets of the fp16 scale fields inside one block of each format (the rest may be random).
@@ -60,26 +60,6 @@ def quant_plan(preset: str):
             return Q.Q4_K
         raise ValueError(f"unknown quant preset {preset!r}; known: q4_k_m, q8_0, q4_0, f16")
     return pick
-
-
-def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple]:
-    h, hd = cfg.hidden_size, cfg.head_dim
-    shapes = {"token_embd.weight": (cfg.vocab_size, h), "output_norm.weight": (h,), "output.weight": (cfg.vocab_size, h)}
-    for i in range(cfg.num_layers):
-        p = f"blk.{i}."
-        shapes.update({p + "attn_norm.weight": (h,), p + "ffn_norm.weight": (h,),
-                       p + "attn_q.weight": (cfg.num_heads * hd, h), p + "attn_k.weight": (cfg.num_kv_heads * hd, h),
-                       p + "attn_v.weight": (cfg.num_kv_heads * hd, h), p + "attn_output.weight": (h, cfg.num_heads * hd)})
-        if cfg.arch in ("qwen3", "qwen3moe"):
-            shapes.update({p + "attn_q_norm.weight": (hd,), p + "attn_k_norm.weight": (hd,)})
-        if cfg.num_experts:
-            e, f = cfg.num_experts, cfg.moe_intermediate_size
-            shapes.update({p + "ffn_gate_inp.weight": (e, h), p + "ffn_gate_exps.weight": (e, f, h),
-                           p + "ffn_up_exps.weight": (e, f, h), p + "ffn_down_exps.weight": (e, h, f)})
-        else:
-            f = cfg.intermediate_size
-            shapes.update({p + "ffn_gate.weight": (f, h), p + "ffn_up.weight": (f, h), p + "ffn_down.weight": (h, f)})
-    return shapes
 
 
 def random_tensor(rng: np.random.Generator, qtype: Q, shape: tuple, std: float = 0.02) -> np.ndarray:
@@ -112,6 +92,7 @@ def synthetic_vocab(n: int) -> dict:
 
 def write_synthetic(path: str, shape: str, quant: str, seed: int = 0) -> ModelConfig:
     from engine.model.gguf_export import write_metadata
+    from engine.model.tensors import tensor_shapes
     cfg = ModelConfig(**SHAPES[shape], name=f"synthetic {shape} {quant}")
     pick = quant_plan(quant)
     rng = np.random.default_rng(seed)

@@ -33,17 +33,16 @@ def instrument() -> None:
     from cpu_kernels import activations, attention, norms, rope
     from cpu_kernels.quant.linear import QuantLinear
     from engine.sample import sampler
-    from engine.model import fused_block, layers
+    from engine.model import fused_block
+    from engine.model.parts import attention as attention_part, mlp
     fused_block.block_step = _timed("fused block", fused_block.block_step)
     for mod, names in ((norms, ["rms_norm", "residual_rms_norm"]), (rope, ["rope_cos_sin", "rotate"]),
-                       (attention, ["write_kv", "paged_attention"]), (layers, ["attn_inputs"]),
-                       (activations, ["silu_mul", "gelu_tanh_mul", "softcap", "HALVES"])):
+                       (attention, ["write_kv", "paged_attention"]), (attention_part, ["attn_inputs"]),
+                       (activations, ["softcap"])):
         for n in names:
-            f = getattr(mod, n)
-            if isinstance(f, dict):  # the gated activations reading stacked halves, looked up by name
-                setattr(mod, n, {k: _timed(getattr(v, "__name__", "activation"), v) for k, v in f.items()})
-            else:
-                setattr(mod, n, _timed(n, f))
+            setattr(mod, n, _timed(n, getattr(mod, n)))
+    # the gated activations, looked up by name by the MLP and MoE parts
+    mlp.ACTIVATIONS = {k: (_timed(k, f), code) for k, (f, code) in mlp.ACTIVATIONS.items()}
     QuantLinear.matmul = _timed(lambda self, x, *a, **k: f"matmul {self.ggml_type.name} {self.N}x{self.K}",
                                 QuantLinear.matmul)
     QuantLinear.embed = _timed("embed", QuantLinear.embed)

@@ -173,15 +173,6 @@ def _pair(gate: np.ndarray, up: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(gate, dtype=np.float32), np.ascontiguousarray(up, dtype=np.float32)
 
 
-def _on_halves(kernel, y: np.ndarray) -> np.ndarray:
-    """kernel(gate, up) on the column halves of y (T, 2F), read in place."""
-    if y.ndim != 2 or y.shape[1] % 2:
-        raise ValueError(f"expected (T, 2F) gate|up columns, got {y.shape}")
-    y = np.ascontiguousarray(y, dtype=np.float32)
-    F = y.shape[1] // 2
-    return kernel(y, 0, y, F, F)
-
-
 def silu_mul(gate, up):
     """silu(gate) * up. gate, up f32 (T, F) (any strides) -> new f32 (T, F) C-contiguous."""
     g, u = _pair(gate, up)
@@ -192,19 +183,6 @@ def gelu_tanh_mul(gate, up):
     """gelu_tanh(gate) * up (HF 'gelu_pytorch_tanh'). gate, up f32 (T, F) -> new f32 (T, F)."""
     g, u = _pair(gate, up)
     return _gelu_tanh_mul(g, 0, u, 0, g.shape[1])
-
-
-def silu_mul_halves(y):
-    """silu_mul of the two column halves of y (T, 2F) (one stacked gate|up matmul output), read in place."""
-    return _on_halves(_silu_mul, y)
-
-
-def gelu_tanh_mul_halves(y):
-    """gelu_tanh_mul of the two column halves of y (T, 2F), read in place."""
-    return _on_halves(_gelu_tanh_mul, y)
-
-
-HALVES = {silu_mul: silu_mul_halves, gelu_tanh_mul: gelu_tanh_mul_halves}
 
 
 @njit(cache=True, error_model="numpy")

@@ -1,24 +1,43 @@
-"""A whole transformer block of a decode step in one compiled call: norm, q/k/v, attention inputs, paged
-attention, output projection, residual norms, gated MLP. The same kernels the Python block calls one by one,
-with the same thread counts, so the bits are the same; what goes is the Python between them (a gemma-3-270m
-layer spent ~25 us there and ~1 us per kernel entering Numba, against ~110 us of kernels).
+"""A transformer block of a decode step in one compiled call, assembled from its parts.
 
-Covers blocks of pre-norm (llama, qwen3) and sandwich (gemma 3) shape over GEMV weights (engine/model/
-fused_block.py decides when a block and a step qualify: no biases, no long prefill chunk in the step)."""
+A block is residual steps `x = x + post(part(pre(x)))`; block_step runs them in order, and each part's step
+(attention, gated MLP, MoE) is picked at compile time by the type of its arguments (the Fused* named tuples
+below, built by engine/model/fused_block.py from the block's own modules). Every step calls the kernels the
+modules call one by one, with the same thread counts, so the bits are the same; what goes is the Python between
+them (a gemma-3-270m layer spent ~25 us there and ~1 us per kernel entering Numba, against ~110 us of kernels).
+"""
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
-from numba import njit
+from numba import literal_unroll, njit
+from numba.extending import overload
 
 from cpu_kernels import norms
 from cpu_kernels.activations import _gelu_tanh_mul, _silu_mul
 from cpu_kernels.attention import _paged_attention, _paged_attention_serial
 from cpu_kernels.attn_inputs import _attn_inputs
+from cpu_kernels.moe import expert_rows, moe_accumulate
 from cpu_kernels.norms import residual_rms_norm, rms_norm
-from cpu_kernels.quant.packed import gemv_packed
+from cpu_kernels.quant.packed import gemv_packed, packed_slice
 from cpu_kernels.thread_count import get_threads, set_threads
 
 ACT_SILU, ACT_GELU_TANH = 0, 1
+
+# gemvs: packed weights (quant.packed) of (q's group, k's group, v's group, o); dims, nbytes: their output widths
+# and bytes; biases: f32 per group output and o ((0,) = none); layout: (k_src, v_src, q0, k0, v0, num_heads, neox)
+# with k_src 1 = k's columns are in q's group's output, v_src 1 = in q's, 2 = in k's, 0 = v's own, and q0/k0/v0 the
+# parts' first columns; qk_w: QK-norm weights ((0,) = none); f: (q_eps, k_eps, scale, softcap); window: 0 = full.
+FusedAttention = namedtuple("FusedAttention", ("gemvs", "dims", "nbytes", "biases", "layout", "qk_w", "f", "window"))
+# gemvs: (gate's group, up's group, down); layout: (up_src, gate0, up0, F, act): up_src 1 = up's columns are in
+# gate's group output; gate0/up0 the parts' first columns; F the width of each.
+FusedGatedMLP = namedtuple("FusedGatedMLP", ("gemvs", "dims", "nbytes", "layout"))
+# router: packed (E, H) weight; experts: (gate, up, down) packed with a leading expert axis; dims: (E, F, H);
+# nbytes: the router's and one expert's (gate, up, down) bytes; layout: (top_k, norm_topk_prob, act).
+FusedMoE = namedtuple("FusedMoE", ("router", "experts", "dims", "nbytes", "layout"))
+for _cls in (FusedAttention, FusedGatedMLP, FusedMoE):
+    _cls.__module__ = __name__  # Numba's cache pickles the types by reference
 
 
 @njit(cache=True)
@@ -37,6 +56,17 @@ def _gemv(p, n_out, nbytes, x, bar, nt):
 
 
 @njit(cache=True)
+def _gemv_bias(p, n_out, nbytes, bias, x, bar, nt):
+    """Linear's decode path with its bias ((0,): none) added as numpy adds it."""
+    y = _gemv(p, n_out, nbytes, x, bar, nt)
+    if bias.shape[0]:
+        for t in range(y.shape[0]):
+            for n in range(n_out):
+                y[t, n] += bias[n]
+    return y
+
+
+@njit(cache=True)
 def _norm_threads(x, bar, nt):
     """RMSNorm's and add_and_norm's rule: their kernels run serially below norms.PAR_MIN_ROWS rows anyway (no
     switch), else on one thread when x is small."""
@@ -44,64 +74,120 @@ def _norm_threads(x, bar, nt):
 
 
 @njit(cache=True)
-def _add_norm(x, y, post_w, next_w, post_eps, next_eps, bar, nt):
-    """layers.add_and_norm."""
-    _norm_threads(x, bar, nt)
-    return residual_rms_norm(x, y, post_w, next_w, post_eps, next_eps)
+def _act(a, ga, b, ub, f, act, bar, nt):
+    """The gated activation of layers.GatedMLP, on one thread when its input is small."""
+    set_threads(_small(a.nbytes, bar, nt))
+    return _gelu_tanh_mul(a, ga, b, ub, f) if act == ACT_GELU_TANH else _silu_mul(a, ga, b, ub, f)
 
 
 @njit(cache=True)
-def block_step(x, nw, eps, gemvs, dims, nbytes, layout, qk_w, attn_f, window, cos, sin, k_cache, v_cache,
-               slot_mapping, query_start_loc, seq_lens, block_tables, max_seq_len, bar):
-    """One block over x f32 (T, H) C-contiguous; returns the new x. K/V of the step are written to the cache.
-
-    nw: (attn_norm, post_attn_norm, ffn_norm, post_ffn_norm) f32 weights, (0,) where the block has none;
-    eps: their four eps. gemvs: packed weights (packed.packed) of (q's group, k's group, v's group, o,
-    gate|up stacked, down); dims and nbytes: their output widths and bytes. layout: (k_src, v_src, q0, k0,
-    v0, num_heads, act, neox, gate0, up0): k_src 1 = k's columns are in q's group's output; v_src 1 = in q's,
-    2 = in k's, 0 = v's own; q0/k0/v0 the parts' first columns; gate0/up0 those of gate and up (0 and F).
-    qk_w: QK-norm weights ((0,): none); attn_f: (q_eps, k_eps, scale, softcap). The rest as paged_attention and
-    attn_inputs take them; bar is threads.serial_work() of the step. The caller restores its thread count if
-    this raises.
-    """
-    nt = get_threads()
-    T = x.shape[0]
-    pq, pk, pv, po, pgu, pdn = gemvs
-    nq, nk, nv, no_, ngu, ndn = dims
-    bq, bk, bv, bo, bgu, bdn = nbytes
-    k_src, v_src, q0, k0, v0, hq, act, neox, gate0, up0 = layout
-
-    _norm_threads(x, bar, nt)
-    h = rms_norm(x, nw[0], eps[0])
-    yq = _gemv(pq, nq, bq, h, bar, nt)
-    yk = yq if k_src == 1 else _gemv(pk, nk, bk, h, bar, nt)
+def _attention_step(a, h, ctx):
+    """parts/attention.py's Attention: q/k/v, QK-norm + RoPE + cache write, paged attention, o."""
+    cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens, block_tables, max_seq_len, bar, nt = ctx
+    pq, pk, pv, po = a.gemvs
+    nq, nk, nv, no_ = a.dims
+    bq, bk, bv, bo = a.nbytes
+    k_src, v_src, q0, k0, v0, hq, neox = a.layout
+    T = h.shape[0]
+    yq = _gemv_bias(pq, nq, bq, a.biases[0], h, bar, nt)
+    yk = yq if k_src == 1 else _gemv_bias(pk, nk, bk, a.biases[1], h, bar, nt)
     if v_src == 1:
         yv = yq
     elif v_src == 2:
         yv = yk
     else:
-        yv = _gemv(pv, nv, bv, h, bar, nt)
-
+        yv = _gemv_bias(pv, nv, bv, a.biases[2], h, bar, nt)
     set_threads(_small(yq.nbytes, bar, nt))
-    q = _attn_inputs(yq, q0, yk, k0, yv, v0, hq, qk_w[0], qk_w[1], attn_f[0], attn_f[1], cos, sin, neox != 0,
+    q = _attn_inputs(yq, q0, yk, k0, yv, v0, hq, a.qk_w[0], a.qk_w[1], a.f[0], a.f[1], cos, sin, neox != 0,
                      k_cache, v_cache, slot_mapping)
     work = T * max_seq_len * hq * q.shape[2]
     if work < bar or nt == 1:
         set_threads(1)
-        a = _paged_attention_serial(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, attn_f[2],
-                                    window, attn_f[3], np.zeros(0, np.uint8))
+        out = _paged_attention_serial(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, a.f[2],
+                                      a.window, a.f[3], np.zeros(0, np.uint8))
     else:
         set_threads(nt)
-        a = _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, attn_f[2], window,
-                             attn_f[3], nt, np.zeros(0, np.uint8))
-    o = _gemv(po, no_, bo, a.reshape(T, hq * q.shape[2]), bar, nt)
-    x, h = _add_norm(x, o, nw[1], nw[2], eps[1], eps[2], bar, nt)
+        out = _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, a.f[2], a.window,
+                               a.f[3], nt, np.zeros(0, np.uint8))
+    return _gemv_bias(po, no_, bo, a.biases[3], out.reshape(T, hq * q.shape[2]), bar, nt)
 
-    gu = _gemv(pgu, ngu, bgu, h, bar, nt)
-    set_threads(_small(gu.nbytes, bar, nt))
-    f = up0 - gate0  # runtime offsets, not literal 0 and f: those would compile the kernels a second time
-    g = _gelu_tanh_mul(gu, gate0, gu, up0, f) if act == ACT_GELU_TANH else _silu_mul(gu, gate0, gu, up0, f)
-    d = _gemv(pdn, ndn, bdn, g, bar, nt)
-    x, _ = _add_norm(x, d, nw[3], nw[3][:0], eps[3], 0.0, bar, nt)  # an empty next norm: x + post_ffn(d) only
+
+@njit(cache=True)
+def _mlp_step(m, h, ctx):
+    """parts/mlp.py's GatedMLP: down(act(gate(h)) * up(h)), gate|up stacked or not."""
+    bar, nt = ctx[9], ctx[10]
+    pg, pu, pd = m.gemvs
+    ng, nu, nd = m.dims
+    bg, bu, bd = m.nbytes
+    up_src, gate0, up0, f, act = m.layout
+    yg = _gemv(pg, ng, bg, h, bar, nt)
+    yu = yg if up_src == 1 else _gemv(pu, nu, bu, h, bar, nt)
+    return _gemv(pd, nd, bd, _act(yg, gate0, yu, up0, f, act, bar, nt), bar, nt)
+
+
+@njit(cache=True)
+def _moe_step(m, h, ctx):
+    """parts/moe.py's MoE: router, top-k, each chosen expert's gated MLP, weighted sum in expert order."""
+    bar, nt = ctx[9], ctx[10]
+    E, F, H = m.dims
+    br, bg, bu, bd = m.nbytes
+    top_k, norm, act = m.layout
+    logits = _gemv(m.router, E, br, h, bar, nt)
+    ids, weights = expert_rows(logits, top_k, norm != 0)
+    out = np.zeros_like(h)
+    gate3, up3, down3 = m.experts
+    for t in range(h.shape[0]):
+        x = h[t:t + 1]
+        for j in range(top_k):
+            e = ids[t, j]
+            g = _gemv(packed_slice(gate3, e), F, bg, x, bar, nt)
+            u = _gemv(packed_slice(up3, e), F, bu, x, bar, nt)
+            y = _gemv(packed_slice(down3, e), H, bd, _act(g, 0, u, 0, F, act, bar, nt), bar, nt)
+            moe_accumulate(out[t], weights[t, j], y[0])
+    return out
+
+
+def part_step(part, h, ctx):
+    """One part of a block over h (T, H): the step its argument type names (compiled code only)."""
+    raise TypeError(f"part_step runs in compiled code only, got {type(part).__name__}")
+
+
+@overload(part_step)
+def _part_step(part, h, ctx):
+    cls = getattr(part, "instance_class", None)
+    if cls is FusedAttention:
+        return lambda part, h, ctx: _attention_step(part, h, ctx)
+    if cls is FusedGatedMLP:
+        return lambda part, h, ctx: _mlp_step(part, h, ctx)
+    if cls is FusedMoE:
+        return lambda part, h, ctx: _moe_step(part, h, ctx)
+    return None
+
+
+@njit(cache=True)
+def _add_norm(x, y, post_w, next_w, post_eps, next_eps, bar, nt):
+    """norm.add_and_norm."""
+    _norm_threads(x, bar, nt)
+    return residual_rms_norm(x, y, post_w, next_w, post_eps, next_eps)
+
+
+@njit(cache=True)
+def block_step(x, first_norm, steps, cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens,
+               block_tables, max_seq_len, bar):
+    """One block over x f32 (T, H) C-contiguous; returns the new x. K/V of the step are written to the cache.
+
+    first_norm: (weight f32 (H,), eps) of the first step's pre-norm ((0,) weight: none). steps: per residual step
+    (part args, post-norm weight, post eps, next step's pre-norm weight, its eps), weights (0,) where absent.
+    cos/sin: the attention's RoPE table of the step; the rest as paged_attention and attn_inputs take them; bar is
+    threads.serial_work() of the step. The caller restores its thread count if this raises.
+    """
+    nt = get_threads()
+    ctx = (cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens, block_tables, max_seq_len, bar, nt)
+    _norm_threads(x, bar, nt)
+    h = rms_norm(x, first_norm[0], first_norm[1]) if first_norm[0].shape[0] else x.copy()
+    for st in literal_unroll(steps):
+        y = part_step(st[0], h, ctx)
+        x, hn = _add_norm(x, y, st[1], st[3], st[2], st[4], bar, nt)
+        h = hn if st[3].shape[0] else x
     set_threads(nt)
     return x

@@ -117,17 +117,18 @@ class DeviceGatedMLP:
         self.gate, self.up, self.down = gate, up, down
         self.act = ops.ACTIVATIONS[act]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, batch=None, kv=None) -> torch.Tensor:
         return self.down(self.act(self.gate(x), self.up(x)))
 
 
 class DeviceMoE:
     """softmax router -> top-k experts per token (ties to the lower id, as the CPU MoE) -> weighted sum."""
 
-    def __init__(self, router, experts: list, top_k: int, norm_topk_prob: bool):
+    def __init__(self, router, experts: list, top_k: int, norm_topk_prob: bool, act: str = "silu"):
         self.router, self.experts, self.top_k, self.norm_topk_prob = router, experts, top_k, norm_topk_prob
+        self.act = ops.ACTIVATIONS[act]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, batch=None, kv=None) -> torch.Tensor:
         probs = torch.softmax(self.router(x), dim=1)
         top = torch.sort(probs, dim=1, descending=True, stable=True).indices[:, : self.top_k]
         weights = probs.gather(1, top)
@@ -140,7 +141,7 @@ class DeviceMoE:
             rows_t = torch.as_tensor(rows, device=x.device)
             gate, up, down = self.experts[e]
             xe = x.index_select(0, rows_t)
-            y = down(ops.silu_mul(gate(xe), up(xe)))
+            y = down(self.act(gate(xe), up(xe)))
             out.index_add_(0, rows_t, weights[rows_t, torch.as_tensor(slot, device=x.device)][:, None] * y)
         return out
 
@@ -223,29 +224,23 @@ class _DeviceBlock:
         return self.ctx.to_host(h) if self.output_to_host else h
 
 
-class DevicePreNormBlock(_DeviceBlock):
-    """x + attn(norm(x)), then x + mlp(norm(x)) (llama, qwen2, qwen3, qwen3moe)."""
+class DeviceBlock(_DeviceBlock):
+    """A layer's residual steps x = x + post(part(pre(x))) on the device, in the order of the CPU block it
+    replaces (engine/model/block.py): steps are (pre norm or None, part, post norm or None)."""
 
-    def __init__(self, ctx, layer, attn, mlp, attn_norm, ffn_norm):
+    def __init__(self, ctx, layer, steps):
         super().__init__(ctx, layer)
-        self.attn, self.mlp, self.attn_norm, self.ffn_norm = attn, mlp, attn_norm, ffn_norm
+        self.steps = steps
+
+    @property
+    def parts(self) -> list:
+        return [part for _, part, _ in self.steps]
 
     def forward(self, h, batch, kv):
-        h = h + self.attn(self.attn_norm(h), batch, kv)
-        return h + self.mlp(self.ffn_norm(h))
-
-
-class DeviceSandwichBlock(_DeviceBlock):
-    """Norms before and after attention and MLP (gemma3)."""
-
-    def __init__(self, ctx, layer, attn, mlp, norms):
-        super().__init__(ctx, layer)
-        self.attn, self.mlp = attn, mlp
-        self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffn_norm = norms
-
-    def forward(self, h, batch, kv):
-        h = h + self.post_attn_norm(self.attn(self.attn_norm(h), batch, kv))
-        return h + self.post_ffn_norm(self.mlp(self.ffn_norm(h)))
+        for pre, part, post in self.steps:
+            y = part(pre(h) if pre is not None else h, batch, kv)
+            h = h + (post(y) if post is not None else y)
+        return h
 
 
 class HostModule:
@@ -254,17 +249,17 @@ class HostModule:
     def __init__(self, module, ctx: DeviceContext):
         self.module, self.ctx = module, ctx
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, batch=None, kv=None) -> torch.Tensor:
         return self.ctx.to_device(self.module(self.ctx.to_host(x)))
 
 
 class OnDevice:
-    """A device module (x -> y) run from a CPU block: numpy in, numpy out. Also takes `per_row` for the
-    output head (every row is computed the same way on the device anyway)."""
+    """A device module (x -> y) run from a CPU block: numpy in, numpy out. Takes a Linear's `rows` and `per_row`
+    (every row is computed the same way on the device anyway) and a part's (meta, kv), and ignores them."""
 
     def __init__(self, module, ctx: DeviceContext):
         self.module, self.ctx = module, ctx
 
-    def __call__(self, x, per_row: bool = False):
+    def __call__(self, x, rows=None, per_row: bool = False, **_):
         with torch.no_grad():
             return self.ctx.to_host(self.module(self.ctx.to_device(x)))

@@ -45,8 +45,9 @@ class Placement:
         blocks, lm_head = self._originals
         self.model.blocks[:] = blocks
         self.model.lm_head = lm_head
-        for obj, attr, old in reversed(self._patches):
-            setattr(obj, attr, old)
+        from offload.convert import set_item
+        for obj, key, old in reversed(self._patches):
+            set_item(obj, key, old)
         if self._runner is not None:
             for i, kv in self._runner_kv.items():
                 self._runner.kv_caches[i] = kv
@@ -133,7 +134,7 @@ def bind_runner(runner, model) -> int:
     a swapped block id is reused in all of them. Returns how many layers were rebound."""
     n = 0
     for i, b in enumerate(model.blocks):
-        kv = getattr(getattr(b, "attn", None), "kv_cache", None)
+        kv = next((p.kv_cache for p in getattr(b, "parts", ()) if getattr(p, "kv_cache", None) is not None), None)
         if kv is not None and i < len(runner.kv_caches):
             runner.kv_caches[i] = kv
             n += 1

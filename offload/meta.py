@@ -134,27 +134,14 @@ def _qtype(quant: str, name: str, layer: int | None, n_layers: int, tied: bool) 
 
 
 def layer_tensor_shapes(s: dict, layer: int) -> list[tuple[str, tuple[int, ...]]]:
-    """GGUF names and shapes of one layer's tensors for a shape description (see SHAPES)."""
-    arch, H, D = s["arch"], s["hidden_size"], s["head_dim"]
-    hq, hkv = s["num_heads"] * D, s["num_kv_heads"] * D
-    p = f"blk.{layer}."
-    out = [(p + "attn_norm.weight", (H,)), (p + "attn_q.weight", (hq, H)), (p + "attn_k.weight", (hkv, H)),
-           (p + "attn_v.weight", (hkv, H)), (p + "attn_output.weight", (H, hq)), (p + "ffn_norm.weight", (H,))]
-    if arch in ("qwen3", "qwen3moe", "gemma3"):
-        out += [(p + "attn_q_norm.weight", (D,)), (p + "attn_k_norm.weight", (D,))]
-    if arch == "qwen2":
-        out += [(p + "attn_q.bias", (hq,)), (p + "attn_k.bias", (hkv,)), (p + "attn_v.bias", (hkv,))]
-    if arch == "gemma3":
-        out += [(p + "post_attention_norm.weight", (H,)), (p + "post_ffw_norm.weight", (H,))]
-    E = s.get("num_experts", 0)
-    if E:
-        F = s["moe_intermediate_size"]
-        out += [(p + "ffn_gate_inp.weight", (E, H)), (p + "ffn_gate_exps.weight", (E, F, H)),
-                (p + "ffn_up_exps.weight", (E, F, H)), (p + "ffn_down_exps.weight", (E, H, F))]
-    else:
-        F = s["intermediate_size"]
-        out += [(p + "ffn_gate.weight", (F, H)), (p + "ffn_up.weight", (F, H)), (p + "ffn_down.weight", (H, F))]
-    return out
+    """GGUF names and shapes of one layer's tensors for a shape description (see SHAPES): the architecture's
+    BlockSpec for that layer says what they are."""
+    from engine.model.config import ModelConfig
+    from engine.model.registry import architecture
+    keys = ("arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+            "head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size")
+    cfg = ModelConfig(**{k: s.get(k, 0) for k in keys})
+    return [(f"blk.{layer}.{n}", shape) for n, shape in architecture(cfg.arch).block(cfg, layer).tensors(cfg).items()]
 
 
 def synthetic_meta(shape: str | dict, quant: str = "q4_k_m", name: str | None = None) -> ModelMeta:

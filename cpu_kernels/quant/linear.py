@@ -210,3 +210,27 @@ def q8_roundtrip(x: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
     return (np.rint(xb * inv) * d).astype(np.float32).reshape(M, K)
+
+
+def stacked_experts(ggml_type, raw: np.ndarray, shape: tuple[int, int, int]) -> tuple[tuple, list[QuantLinear]]:
+    """E experts' (N, K) weights from one stacked GGUF tensor (raw (E, N, row bytes), or typed for float formats),
+    repacked once into arrays with a leading expert axis.
+
+    Returns:
+        (the packed arrays (E, ...) in the format's field order, one QuantLinear per expert viewing them).
+    """
+    fmt = get_format(ggml_type)
+    E, N, K = (int(s) for s in shape)
+    raw = np.asarray(raw).reshape(E, N, -1)
+    if not fmt.repack_copies:  # float formats: views of the file, reshaped, no copy
+        flat = QuantLinear.from_raw(ggml_type, raw.reshape(E * N, -1), (E * N, K))
+        arrays = tuple(a.reshape(E, -1, *a.shape[1:]) for a in flat.packed)
+    else:
+        arrays = None
+        for e in range(E):
+            one = QuantLinear.from_raw(ggml_type, raw[e], (N, K)).packed
+            if arrays is None:
+                arrays = tuple(np.empty((E, *a.shape), a.dtype) for a in one)
+            for dst, src in zip(arrays, one):
+                dst[e] = src
+    return arrays, [QuantLinear(fmt, tuple(a[e] for a in arrays), N, K) for e in range(E)]

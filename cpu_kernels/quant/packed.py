@@ -48,3 +48,29 @@ def _gemv_packed(p, x, out):
     if n == 6:
         return lambda p, x, out: kernel(p[0], p[1], p[2], p[3], p[4], p[5], x, out)
     return None
+
+
+def packed_slice(p, e):
+    """Expert e's weight from a packed named tuple whose arrays carry a leading expert axis (stacked experts)."""
+    return type(p)(*(a[e] for a in p))
+
+
+@overload(packed_slice)
+def _packed_slice(p, e):
+    cls = getattr(p, "instance_class", None)
+    if cls not in _GEMV_OF:
+        return None
+    n = len(p)  # one spelled-out constructor call per field count, as gemv_packed
+    if n == 1:
+        return lambda p, e: cls(p[0][e])
+    if n == 2:
+        return lambda p, e: cls(p[0][e], p[1][e])
+    if n == 3:
+        return lambda p, e: cls(p[0][e], p[1][e], p[2][e])
+    if n == 4:
+        return lambda p, e: cls(p[0][e], p[1][e], p[2][e], p[3][e])
+    if n == 5:
+        return lambda p, e: cls(p[0][e], p[1][e], p[2][e], p[3][e], p[4][e])
+    if n == 6:
+        return lambda p, e: cls(p[0][e], p[1][e], p[2][e], p[3][e], p[4][e], p[5][e])
+    return None

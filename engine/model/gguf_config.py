@@ -8,7 +8,6 @@ rope_scaling type 'llama3' is set only by the HF loader, from config.json, where
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -16,11 +15,8 @@ import numpy as np
 from engine.errors import ModelLoadError
 from engine.model.config import ModelConfig, RopeScaling
 from engine.model.gguf import GGUFFile
+from engine.model.registry import architecture
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe")
-_NEOX_ARCHS = {"qwen2", "qwen3", "qwen3moe", "gemma3"}
-GEMMA3_SWA_PERIOD = 6        # llama.cpp set_swa_pattern(6): every 6th layer is global
-GEMMA3_ROPE_THETA_LOCAL = 10000.0
 # Token texts llama.cpp also treats as end-of-generation when they are in the vocabulary.
 _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
               "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
@@ -107,15 +103,11 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     Args:
         gf: an opened GGUFFile.
     Returns:
-        ModelConfig. For gemma3, rope_scaling (if any) applies to full-attention layers only; sliding layers
-        use rope_theta_local unscaled (llama.cpp's rope_freq_scale_train_swa = 1).
+        ModelConfig: the keys every architecture shares, then the architecture's own (Architecture.gguf_config).
     Raises:
         ModelLoadError: unsupported architecture or missing/malformed required metadata.
     """
-    arch = gf.arch
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelLoadError(f"{gf.path}: architecture '{arch or '(general.architecture missing)'}' is not "
-                             f"supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+    arch = architecture(gf.arch, gf.path)
     m = _Meta(gf)
     hidden = m.num("embedding_length", required=True)
     num_layers = m.num("block_count", required=True)
@@ -131,20 +123,18 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     if rope_dim != head_dim:
         raise ModelLoadError(f"{gf.path}: partial rotary (rope.dimension_count {rope_dim} < head_dim "
                              f"{head_dim}) is not supported")
-    is_moe = arch == "qwen3moe"
     bos, eos = _token_ids(gf)
     kw: dict[str, Any] = dict(
-        arch=arch,
+        arch=arch.name,
         vocab_size=_vocab_size(gf, m),
         hidden_size=hidden,
-        intermediate_size=m.num("feed_forward_length", 0, required=not is_moe),
+        intermediate_size=m.num("feed_forward_length", 0, required=arch.dense_ffn),
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         rms_norm_eps=m.num("attention.layer_norm_rms_epsilon", required=True, kind=float),
         rope_theta=m.num("rope.freq_base", 10000.0, kind=float),
-        rope_neox=arch in _NEOX_ARCHS,
         rope_scaling=_rope_scaling(m),
         max_position_embeddings=m.num("context_length", required=True),
         tie_word_embeddings="output.weight" not in gf.tensors,
@@ -154,18 +144,5 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         eos_token_ids=eos,
         name=str(gf.metadata.get("general.name", "")),
     )
-    if arch == "gemma3":  # llama.cpp runs sliding-window attention for gemma3 only among these archs
-        window = m.num("attention.sliding_window", 0)
-        kw.update(hidden_act="gelu_tanh", rope_theta_local=GEMMA3_ROPE_THETA_LOCAL)
-        if window > 0:
-            kw["layer_sliding_window"] = tuple(0 if (i + 1) % GEMMA3_SWA_PERIOD == 0 else window
-                                               for i in range(num_layers))
-        # llama.cpp: gemma3-27B (62 layers) scales by hidden/heads, every other size by head_dim.
-        scale_dim = hidden / num_heads if num_layers == 62 else head_dim
-        kw["attn_scale"] = 1.0 / math.sqrt(scale_dim)
-    if is_moe:
-        kw.update(num_experts=m.num("expert_count", required=True),
-                  num_experts_per_tok=m.num("expert_used_count", required=True),
-                  moe_intermediate_size=m.num("expert_feed_forward_length", required=True),
-                  norm_topk_prob=bool(m.get("expert_weights_norm", True)))
+    arch.gguf_config(m, kw)
     return ModelConfig(**kw)

@@ -3,8 +3,8 @@
 Safetensors headers are parsed here (8-byte length + JSON) and tensors are views of a read-only memory map,
 so F32/F16/BF16 are all zero-copy (BF16 as its uint16 bits). Only tensors that llama.cpp's converter changes
 are computed, on every raw() call: llama/mistral attn_q/attn_k (bias too) rows permuted like
-convert_hf_to_gguf.py's LlamaModel.permute, gemma3 norm weights + 1.0 (stored F32, as GGUF has them), and
-qwen3moe experts stacked into (E, N, K).
+convert_hf_to_gguf.py's LlamaModel.permute (Architecture.hf_permute_qk), norm weights + 1.0 where the
+architecture stores them zero-centred (hf_norm_offset; F32, as GGUF has them), and experts stacked into (E, N, K).
 """
 from __future__ import annotations
 
@@ -23,26 +23,22 @@ from gguf import GGMLQuantizationType as GT
 from engine.errors import ModelLoadError
 from engine.model.config import ModelConfig, RopeScaling
 from engine.model.gguf import TensorInfo, raw_view, tensor_nbytes
+from engine.model.registry import architecture, architecture_of_model_type, hf_model_types
 from engine.model.weights import WeightSource
 
-ARCH_OF_MODEL_TYPE = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                      "gemma3_text": "gemma3", "gemma3": "gemma3", "qwen3_moe": "qwen3moe"}
 _ST_DTYPES = {"F32": GT.F32, "F16": GT.F16, "BF16": GT.BF16}
 _ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                 "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
 _MAX_ST_HEADER = 100 << 20
 
-# Per-layer HF suffix -> GGUF tensor (the .weight/.bias ending is carried over).
-_LAYER_MAP = {
+# Per-layer HF suffix -> GGUF tensor (the .weight/.bias ending is carried over); architectures add their own.
+LAYER_MAP = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
     "mlp.gate": "ffn_gate_inp",
 }
-_GEMMA3_LAYER_MAP = {**_LAYER_MAP, "post_attention_layernorm": "post_attention_norm",
-                     "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
-_GEMMA_NORMS = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "attn_q_norm", "attn_k_norm")
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 _EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 _FUSED_EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj$")
@@ -56,55 +52,41 @@ def _fail(source: str, reason: str):
     raise ModelLoadError(f"{source}: {reason}")
 
 
-def _rope(cfg: dict, arch: str, source: str) -> tuple[float, float, RopeScaling]:
-    """(rope_theta, rope_theta_local, scaling) from v5 rope_parameters or v4 rope_theta/rope_scaling."""
+def _rope(cfg: dict, default_theta: float, source: str) -> tuple[float, RopeScaling]:
+    """(rope_theta, scaling) from v5 rope_parameters or v4 rope_theta/rope_scaling."""
     params = cfg.get("rope_parameters") or {}
-    local: dict = {}
-    if "full_attention" in params:  # gemma3 in transformers 5: one entry per layer type
-        params, local = params["full_attention"] or {}, params.get("sliding_attention") or {}
-    theta = float(params.get("rope_theta", cfg.get("rope_theta", 1e6 if arch == "gemma3" else 10000.0)))
-    theta_local = 0.0
-    if arch == "gemma3":
-        theta_local = float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0)))
+    if "full_attention" in params:  # transformers 5 with several layer types: one entry per type
+        params = params["full_attention"] or {}
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", default_theta)))
     sc = params if params.get("rope_type", "default") not in (None, "default") else (cfg.get("rope_scaling") or {})
     kind = sc.get("rope_type", sc.get("type")) or "default"
     factor = float(sc.get("factor") or 1.0)
     orig = int(sc.get("original_max_position_embeddings") or 0)
     if kind == "default" or (kind == "linear" and factor == 1.0):
-        return theta, theta_local, RopeScaling()
+        return theta, RopeScaling()
     if kind == "linear":
-        return theta, theta_local, RopeScaling("linear", factor, orig)
+        return theta, RopeScaling("linear", factor, orig)
     if kind == "llama3":
-        return theta, theta_local, RopeScaling(
+        return theta, RopeScaling(
             "llama3", factor, orig or 8192, low_freq_factor=float(sc.get("low_freq_factor", 1.0)),
             high_freq_factor=float(sc.get("high_freq_factor", 4.0)))
     if kind == "yarn":
         # HF's attention_factor replaces yarn's mscale (0.1 ln(factor) + 1); ours multiplies it.
         attn = sc.get("attention_factor")
         mscale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-        return theta, theta_local, RopeScaling(
+        return theta, RopeScaling(
             "yarn", factor, orig or int(cfg.get("max_position_embeddings", 0) / factor),
             beta_fast=float(sc.get("beta_fast") or 32.0), beta_slow=float(sc.get("beta_slow") or 1.0),
             attn_factor=float(attn) / mscale if attn else 1.0)
     _fail(source, f"rope scaling type '{kind}' is not supported (supported: linear, llama3, yarn)")
 
 
-def _layer_windows(cfg: dict, mt: str, n: int) -> tuple[int, ...]:
+def _layer_windows(cfg: dict, arch, n: int) -> tuple[int, ...]:
     window = int(cfg.get("sliding_window") or 0)
-    if window <= 0:
-        return ()
     types = cfg.get("layer_types")
-    if types:
+    if window > 0 and types:
         return tuple(window if t == "sliding_attention" else 0 for t in types)
-    if mt == "gemma3_text":
-        period = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
-        return tuple(0 if (i + 1) % period == 0 else window for i in range(n))
-    if mt.startswith("qwen"):  # transformers 4: only with use_sliding_window, from max_window_layers up
-        if not cfg.get("use_sliding_window"):
-            return ()
-        first = int(cfg.get("max_window_layers", 0))
-        return tuple(window if i >= first else 0 for i in range(n))
-    return (window,) * n  # mistral: every layer
+    return arch.hf_layer_windows(cfg, n)
 
 
 def _act(cfg: dict, source: str) -> str:
@@ -127,15 +109,11 @@ def config_from_hf(config_json: dict, source: str = "config.json") -> ModelConfi
     """
     mt = config_json.get("model_type")
     cfg = config_json
-    if isinstance(cfg.get("text_config"), dict):
+    if isinstance(cfg.get("text_config"), dict):  # a multimodal config: its text model
         outer = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}
         cfg = {**outer, **cfg["text_config"]}
-        mt = cfg.get("model_type") if cfg.get("model_type") in ARCH_OF_MODEL_TYPE else mt
-        if mt == "gemma3":
-            mt = "gemma3_text"
-    if mt not in ARCH_OF_MODEL_TYPE:
-        _fail(source, f"model_type '{mt}' is not supported (supported: {', '.join(ARCH_OF_MODEL_TYPE)})")
-    arch = ARCH_OF_MODEL_TYPE[mt]
+        mt = cfg.get("model_type") if cfg.get("model_type") in hf_model_types() else mt
+    arch = architecture_of_model_type(mt, source)
 
     def need(key: str) -> Any:
         if cfg.get(key) is None:
@@ -146,32 +124,25 @@ def config_from_hf(config_json: dict, source: str = "config.json") -> ModelConfi
         need("num_attention_heads"))
     n_kv = int(cfg.get("num_key_value_heads") or n_heads)
     head_dim = int(cfg.get("head_dim") or hidden // n_heads)
-    theta, theta_local, scaling = _rope(cfg, arch, source)
+    theta, scaling = _rope(cfg, arch.hf_default_rope_theta, source)
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
     kw: dict[str, Any] = dict(
-        arch=arch, vocab_size=int(need("vocab_size")), hidden_size=hidden,
+        arch=arch.name, vocab_size=int(need("vocab_size")), hidden_size=hidden,
         intermediate_size=int(cfg.get("intermediate_size") or 0), num_layers=n_layers,
         num_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_theta_local=theta_local,
-        rope_neox=arch != "llama", rope_scaling=scaling,
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 4096),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch == "gemma3")),
-        layer_sliding_window=_layer_windows(cfg, mt, n_layers),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch.hf_tie_default)),
+        layer_sliding_window=_layer_windows(cfg, arch, n_layers),
         attn_logit_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
         final_logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
         hidden_act=_act(cfg, source), bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos_ids,
         name=str(cfg.get("_name_or_path", "")),
     )
-    if arch == "gemma3":
-        kw["attn_scale"] = float(cfg.get("query_pre_attn_scalar") or head_dim) ** -0.5
-    elif kw["intermediate_size"] <= 0:
+    arch.hf_config(cfg, kw, need)
+    if arch.dense_ffn and kw["intermediate_size"] <= 0:
         need("intermediate_size")
-    if arch == "qwen3moe":
-        kw.update(num_experts=int(cfg.get("num_experts") or need("num_local_experts")),
-                  num_experts_per_tok=int(need("num_experts_per_tok")),
-                  moe_intermediate_size=int(need("moe_intermediate_size")),
-                  norm_topk_prob=bool(cfg.get("norm_topk_prob", False)))
     return ModelConfig(**kw)
 
 
@@ -256,6 +227,7 @@ class HFWeights(WeightSource):
         if not isinstance(self.metadata, dict):
             _fail(cfg_path, "not a JSON object")
         config = config_from_hf(self.metadata, cfg_path)
+        self.arch = architecture(config.arch)
         self._files = [_SafetensorsFile(p) for p in _safetensors_files(folder)]
         self._tensors: dict[str, tuple[TensorInfo, Callable[[], np.ndarray]]] = {}
         self.unmapped: list[str] = []  # HF tensors with no GGUF counterpart (vision tower, inv_freq, ...)
@@ -274,7 +246,7 @@ class HFWeights(WeightSource):
                 if hf in sources:
                     _fail(f.path, f"tensor '{name}' also appears in {sources[hf][0].path}")
                 sources[hf] = (f, name)
-        layer_map = _GEMMA3_LAYER_MAP if c.arch == "gemma3" else _LAYER_MAP
+        layer_map = {**LAYER_MAP, **self.arch.hf_layer_map}
         experts: dict[tuple[int, str], dict[int, tuple[_SafetensorsFile, str]]] = {}
         for hf, src in sources.items():
             if hf == "model.embed_tokens.weight":
@@ -308,13 +280,14 @@ class HFWeights(WeightSource):
         gtype, shape, load = self._entry(src, name)
         base = name.split(".")[-2]
         offset = src[0].entries[src[1]][2]
-        if c.arch == "llama" and base in ("attn_q", "attn_k"):
+        if self.arch.hf_permute_qk and base in ("attn_q", "attn_k"):
             n_head = c.num_heads if base == "attn_q" else c.num_kv_heads
             if shape[0] % (2 * n_head):
                 _fail(src[0].path, f"tensor '{src[1]}': {shape[0]} rows do not split into {n_head} heads")
             load, offset = (lambda ld=load: permute_qk(ld(), n_head)), -1
-        if c.arch == "gemma3" and (base in _GEMMA_NORMS or name == "output_norm.weight"):
-            load, offset, gtype = (lambda ld=load, t=gtype: _as_f32(ld(), t) + np.float32(1.0)), -1, GT.F32
+        if self.arch.hf_norm_offset and base.endswith("norm"):
+            off = np.float32(self.arch.hf_norm_offset)
+            load, offset, gtype = (lambda ld=load, t=gtype: _as_f32(ld(), t) + off), -1, GT.F32
         self._tensors[name] = (TensorInfo(name, gtype, shape, offset, tensor_nbytes(gtype, shape)), load)
 
     def _add_stacked(self, name: str, by_expert: dict[int, tuple[_SafetensorsFile, str]]) -> None:

@@ -6,6 +6,9 @@ from functools import cached_property
 
 import numpy as np
 
+from cpu_kernels.bf16x32 import HAS_BF16_DOT
+from cpu_kernels.quant.linear import GEMV_MAX_M
+
 
 @dataclass(frozen=True)
 class BatchMetadata:
@@ -19,6 +22,7 @@ class BatchMetadata:
     slot_mapping     (T,) int64   flat KV slot (block_id * block_size + offset) each new token writes
     logits_indices   (R,) int64   rows whose logits are computed (last row of a sampling sequence,
                                   and every row of a sequence that asked for prompt logprobs)
+    rows             RowGroups    which kernels the Linears run on which rows (set by DecoderModel.forward)
     """
     input_ids: np.ndarray
     positions: np.ndarray
@@ -27,6 +31,7 @@ class BatchMetadata:
     block_tables: np.ndarray
     slot_mapping: np.ndarray
     logits_indices: np.ndarray
+    rows: "RowGroups | None" = None
 
     @property
     def num_tokens(self) -> int:
@@ -41,3 +46,35 @@ class BatchMetadata:
     def step_cache(self) -> dict:
         """Values every layer of this step shares (the RoPE cos/sin tables), computed by the first to ask."""
         return {}
+
+
+class RowGroups:
+    """A batch's rows grouped by sequence, so that a row's result does not depend on its batch: rows of short
+    groups (decodes, small chunks) all run the per-row GEMV kernel, and each long prefill chunk takes the dense
+    path on its own rows only. DecoderModel.forward puts it in BatchMetadata.rows for the layers' Linears."""
+
+    def __init__(self, query_start_loc: np.ndarray | None = None, dense_dtype: str = "auto"):
+        self.dense_dtype = dense_dtype  # precision of the long chunks' dense path (QuantLinear.DENSE_DTYPES)
+        self.num_rows = -1
+        self.small = None
+        self.large: list[tuple[int, int]] = []
+        self.long_seqs = np.zeros(0, np.uint8)  # per sequence: 1 where its chunk is long
+        if query_start_loc is None:
+            return
+        q = np.asarray(query_start_loc, dtype=np.int64)
+        lens = np.diff(q)
+        self.long_seqs = (lens > GEMV_MAX_M).astype(np.uint8)
+        self.num_rows = int(q[-1])
+        small = [np.arange(a, b) for a, b, n in zip(q[:-1], q[1:], lens) if 0 < n <= GEMV_MAX_M]
+        self.small = np.concatenate(small) if small else np.empty(0, np.int64)
+        self.large = [(int(a), int(b)) for a, b, n in zip(q[:-1], q[1:], lens) if n > GEMV_MAX_M]
+
+    def applies_to(self, x: np.ndarray) -> bool:
+        return x.shape[0] == self.num_rows
+
+    def bf16_attention(self, x: np.ndarray) -> np.ndarray | None:
+        """The long chunks' flags for paged_attention's bf16_seqs where their matmuls may run in bf16 (dense_dtype
+        auto or bfloat16) and the CPU has AVX512-BF16 dot products; None where no sequence qualifies."""
+        if (not self.large or self.dense_dtype == "float32" or not HAS_BF16_DOT or not self.applies_to(x)):
+            return None
+        return self.long_seqs

@@ -11,7 +11,7 @@ from cpu_kernels import attention as A
 from cpu_kernels.activations import exp_f32
 from cpu_kernels.bf16x32 import HAS_BF16_DOT, _bdot, _bload, _bround, _bsplat2, _bstore, _bzip
 from cpu_kernels.vec16 import _vexp, _vload, _vstore
-from engine.model.layers import RowGroups
+from engine.worker.batch import RowGroups
 from tests.cpu_kernels.test_attention import MIXED, Batch, make_batch, reference, run
 
 
@@ -137,4 +137,4 @@ def test_long_chunks_take_bf16_attention_where_their_matmuls_may():
         assert auto is None
     assert RowGroups(qsl, "float32").bf16_attention(x) is None
     assert RowGroups(np.array([0, 1, 6], np.int32), "auto").bf16_attention(x[:6]) is None  # no long chunk
-    assert RowGroups().bf16_attention(x) is None  # outside a forward pass
+    assert RowGroups().bf16_attention(x) is None  # no rows given

@@ -89,7 +89,7 @@ def test_long_chunks_match_transformers_either_way(tiny, monkeypatch, sdpa):
     from tests.model.tiny_models import hf_logits
     if not HAS_BF16_DOT:
         pytest.skip("no native bf16: long chunks stay float32")
-    from engine.model import layers
+    from engine.model.parts import linear as layers
     monkeypatch.setenv("RAMLM_SDPA_PREFILL", sdpa)
     monkeypatch.setattr(layers, "BIG_BYTES", 1 << 10)  # every layer's gate|up output in the one scratch buffer
     calls = []

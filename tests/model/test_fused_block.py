@@ -66,7 +66,7 @@ def calls(monkeypatch):
 def _set_fused(model, on: bool, monkeypatch):
     monkeypatch.setenv("RAMLM_FUSED_BLOCKS", "1" if on else "0")
     for b in model.blocks:
-        b._fused.args = None  # rebuilt at the next call under the new setting
+        b.fused.reset()  # rebuilt at the next call under the new setting
 
 
 PROMPTS = [[5, 17, 99, 3, 250, 42, 7, 8, 9, 200, 13, 77, 31], [1, 2, 3, 4, 5, 6, 7], [9, 8, 7, 6, 5]]
@@ -138,12 +138,13 @@ def test_a_replaced_part_turns_the_fused_block_off(model, calls, monkeypatch):
     runner.execute([SeqChunk((1, 2, 3), 0, (1,), "last")])
     n = calls[0]
     assert n == len(model.blocks)
-    replacement = block.attn.o.__class__.__new__(block.attn.o.__class__)
-    replacement.__dict__.update(block.attn.o.__dict__)
-    monkeypatch.setattr(block.attn, "o", replacement)
+    attn = block.parts[0]
+    replacement = attn.o.__class__.__new__(attn.o.__class__)
+    replacement.__dict__.update(attn.o.__dict__)
+    monkeypatch.setattr(attn, "o", replacement)
     runner.execute([SeqChunk((4,), 3, (1,), "last")])
     assert calls[0] == n + len(model.blocks) - 1
-    assert block._fused.args is False
+    assert block.fused.args is False
 
 
 def test_an_error_inside_restores_the_thread_count(model, monkeypatch):
@@ -181,7 +182,7 @@ def test_a_new_signature_compiles_in_the_background(model, calls, monkeypatch, t
 
 def test_long_chunk_through_the_scratch_buffer_gives_the_same_logits(model, monkeypatch):
     """Every layer's stacked gate|up output in the one scratch buffer: the same bits as fresh arrays."""
-    from engine.model import layers
+    from engine.model.parts import linear as layers
 
     def logits():
         runner = ModelRunner(model, num_blocks=20, block_size=16, kv_cache_dtype="fp32")
@@ -199,7 +200,7 @@ def test_long_chunk_through_the_scratch_buffer_gives_the_same_logits(model, monk
 def test_big_stacked_outputs_reuse_one_scratch_buffer(monkeypatch):
     """Stacked gate|up outputs above BIG_BYTES land in one per-thread buffer (no fresh mapping per layer); small
     and very large ones are fresh arrays."""
-    from engine.model import layers
+    from engine.model.parts import linear as layers
     monkeypatch.setattr(layers, "BIG_BYTES", 1 << 10)
     monkeypatch.setattr(layers, "KEEP_BYTES", 1 << 20)
     a = layers.big_scratch((64, 16))

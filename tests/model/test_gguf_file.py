@@ -11,7 +11,8 @@ from gguf import GGMLQuantizationType as GT, GGUFReader, GGUFValueType as VT
 
 from engine.errors import ModelLoadError
 from engine.model.gguf import open_gguf
-from engine.model.gguf_config import SUPPORTED_ARCHS, config_from_gguf
+from engine.model.gguf_config import config_from_gguf
+from engine.model.registry import ARCHITECTURES
 from tests.model.gguf_writer_util import (TINY_TOKENS, find_kv_value, find_tensor_info, header_end,
                                          tiny_llama_kv, tiny_llama_tensors, write_gguf)
 
@@ -316,7 +317,7 @@ def test_gemma3_27b_attention_scale(tmp_path):
 def test_config_errors(tmp_path):
     with pytest.raises(ModelLoadError) as e:
         _config_of(tmp_path, "phi.gguf", arch="phi3")
-    assert "phi3" in str(e.value) and all(a in str(e.value) for a in SUPPORTED_ARCHS)
+    assert "phi3" in str(e.value) and all(a in str(e.value) for a in ARCHITECTURES)
     p = tmp_path / "noblk.gguf"
     kv = [k for k in tiny_llama_kv() if k[0] != "llama.block_count"]
     write_gguf(p, "llama", kv, tiny_llama_tensors(np.random.default_rng(3)))

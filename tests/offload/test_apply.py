@@ -8,7 +8,7 @@ import torch
 
 from engine.model.gguf_export import default_qtype, write_gguf
 from engine.model.weights import open_weights
-from gpu_kernels.modules import DevicePreNormBlock, DeviceSandwichBlock, HostModule, OnDevice
+from gpu_kernels.modules import DeviceBlock, HostModule, OnDevice
 from tests.model.tiny_models import tiny_model
 from tests.offload.helpers import (PROMPTS, batched, cpu_runner, decode_batch, incremental, placed, rel_err)
 
@@ -38,8 +38,7 @@ def test_half_the_layers_on_the_torch_path_match_numba_fp32(tiny):
     ref = batched(cpu_runner(folder))
     model, runner, p, _ = placed(folder, n_gpu_layers=half(L))
     assert p.gpu_layers() == list(range(L - L // 2, L))
-    kinds = (DevicePreNormBlock, DeviceSandwichBlock)
-    assert [isinstance(b, kinds) for b in model.blocks] == [i >= L - L // 2 for i in range(L)]
+    assert [isinstance(b, DeviceBlock) for b in model.blocks] == [i >= L - L // 2 for i in range(L)]
     for got, want in zip(batched(runner), ref):
         assert rel_err(got, want) < 1e-4, arch
 
@@ -120,7 +119,7 @@ def test_streamed_layers_cpu_offload_gb(tiny):
     ref = batched(cpu_runner(path))
     model, runner, p, _ = placed(path, n_gpu_layers="all", gpu_weight_dtype="auto", cpu_offload_gb=0.01)
     assert [lp.weights for lp in p.layers] == ["streamed"] * L
-    assert model.blocks[0].attn.q.weight.streamed
+    assert model.blocks[0].parts[0].q.weight.streamed
     for got, want in zip(batched(runner), ref):
         _assert_close_q(arch, got, want)
 
@@ -148,7 +147,7 @@ def test_undo_restores_the_cpu_model(tiny):
     ref = batched(cpu_runner(folder))
     model, runner, _, placement = placed(folder, n_gpu_layers="all")
     placement.undo()
-    assert model.placement is None and not any(isinstance(b, (DevicePreNormBlock, DeviceSandwichBlock))
+    assert model.placement is None and not any(isinstance(b, DeviceBlock)
                                                for b in model.blocks)
     for got, want in zip(batched(runner), ref):
         np.testing.assert_array_equal(got, want)
@@ -195,12 +194,12 @@ def test_override_tensor_keeps_matches_in_ram(tmp_path_factory):
     model.save_pretrained(folder, safe_serialization=True)
     ref = batched(cpu_runner(str(folder)))
     m, runner, p, _ = placed(str(folder), n_gpu_layers="all", override_tensor="exps=CPU")
-    assert all(isinstance(b.mlp, HostModule) for b in m.blocks)
+    assert all(isinstance(b.parts[1], HostModule) for b in m.blocks)
     assert all("blk.%d.ffn_up_exps.weight" % lp.index in lp.tensors_elsewhere for lp in p.layers)
     for got, want in zip(batched(runner), ref):
         assert rel_err(got, want) < 1e-4
     m2, runner2, p2, _ = placed(str(folder), n_gpu_layers="1", override_tensor="blk\\.0\\.attn_q=GPU")
-    assert isinstance(m2.blocks[0].attn.q, OnDevice) and p2.layers[0].tensors_elsewhere
+    assert isinstance(m2.blocks[0].parts[0].q, OnDevice) and p2.layers[0].tensors_elsewhere
     for got, want in zip(batched(runner2), ref):
         assert rel_err(got, want) < 1e-4
     assert PROMPTS  # the helpers' prompts were used

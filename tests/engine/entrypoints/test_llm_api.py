@@ -78,7 +78,7 @@ def test_engine_compiles_new_fused_blocks_after_a_first_token(llm, monkeypatch, 
     monkeypatch.setattr(fused_compile, "_wanted", {})
     blocks = llm.llm_engine.runner.model.blocks
     for b in blocks:
-        b._fused.args = None
+        b.fused.reset()
     calls = count_fused_calls(monkeypatch)
     params = SamplingParams(max_tokens=3, temperature=0)
     first = llm.generate(["The capital of France is"], params, use_tqdm=False)

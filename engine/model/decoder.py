@@ -1,39 +1,38 @@
-"""The decoder every architecture shares: embed -> blocks -> final norm -> logits."""
+"""The decoder every architecture shares: embed -> blocks (one per layer, from the architecture's BlockSpecs) ->
+final norm -> logits."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from cpu_kernels import activations
-from engine.worker.batch import BatchMetadata
+from engine.model.block import Block
 from engine.model.config import ModelConfig
-from engine.model import layers
-from engine.model.layers import Linear, RMSNorm, has
+from engine.model.parts.linear import Linear, has
+from engine.model.parts.norm import RMSNorm
+from engine.worker.batch import BatchMetadata, RowGroups
 
 
 class DecoderModel:
-    """Subclasses build `self.blocks` (callables (x, meta, kv) -> x) in `build_blocks`."""
+    """blocks: callables (x, meta, kv) -> x, one per layer (the offload layer may replace some by torch twins)."""
 
-    embed_scale: bool = False  # Gemma multiplies embeddings by sqrt(hidden_size)
-    prefill_dtype: str = "auto"  # the dense path's precision for long prefill chunks (EngineArgs.prefill_dtype)
-
-    def __init__(self, config: ModelConfig, weights, batch_invariant: bool = False):
-        self.config = config
-        self.batch_invariant = batch_invariant
+    def __init__(self, arch, config: ModelConfig, weights, batch_invariant: bool = False):
+        self.arch, self.config, self.batch_invariant = arch, config, batch_invariant
+        self.prefill_dtype = "auto"  # the long prefill chunks' precision (EngineArgs.prefill_dtype, from dtype)
         ws = weights
         self.embed = Linear(ws, "token_embd.weight", None, batch_invariant)
         self.final_norm = RMSNorm(ws, "output_norm.weight", config.rms_norm_eps)
         tied = config.tie_word_embeddings or not has(ws, "output.weight")
         self.lm_head = self.embed if tied else Linear(ws, "output.weight", None, batch_invariant)
-        self.blocks = [self.build_block(ws, i) for i in range(config.num_layers)]
-
-    def build_block(self, ws, layer: int):
-        raise NotImplementedError
+        shared: dict = {}  # what layers share (RoPE tables)
+        self.blocks = [Block(arch.block(config, i), ws, config, i, batch_invariant, shared)
+                       for i in range(config.num_layers)]
 
     def embed_tokens(self, input_ids: np.ndarray) -> np.ndarray:
         x = self.embed.weight.embed(np.ascontiguousarray(input_ids, dtype=np.int64))
-        if self.embed_scale:
+        if self.arch.embed_scale:
             # HF casts the normalizer to the activation dtype (fp32 here) before multiplying.
             x *= np.float32(math.sqrt(self.config.hidden_size))
         return x
@@ -41,12 +40,9 @@ class DecoderModel:
     def forward(self, meta: BatchMetadata, kv_caches: list) -> np.ndarray:
         """Runs all blocks over the flattened batch; returns hidden states (T, H) before the final norm."""
         x = self.embed_tokens(meta.input_ids)
-        layers.ROWS = layers.RowGroups(meta.query_start_loc, self.prefill_dtype)
-        try:
-            for block, kv in zip(self.blocks, kv_caches):
-                x = block(x, meta, kv)
-        finally:
-            layers.ROWS = layers.RowGroups()
+        meta = dataclasses.replace(meta, rows=RowGroups(meta.query_start_loc, self.prefill_dtype))
+        for block, kv in zip(self.blocks, kv_caches):
+            x = block(x, meta, kv)
         return x
 
     def compute_logits(self, hidden: np.ndarray, per_row: bool = False) -> np.ndarray:

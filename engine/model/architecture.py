@@ -1,0 +1,41 @@
+"""Architecture: everything ramlm knows about one model family, in one place. A subclass in engine/model/archs/
+says how its hyperparameters are read (GGUF metadata, HF config.json), how an HF folder's tensors map onto GGUF
+names, and what each layer is made of (block(), a BlockSpec); the model, the fused decode path, the GPU path,
+the planner's sizes and the synthetic files are all derived from that."""
+from __future__ import annotations
+
+from typing import Any
+
+from engine.model.spec import BlockSpec
+
+
+class Architecture:
+    name: str = ""                       # GGUF general.architecture
+    hf_model_types: tuple[str, ...] = ()  # config.json model_type values read as this architecture
+    embed_scale: bool = False            # embeddings times sqrt(hidden_size) (Gemma)
+    rope_neox: bool = True               # RoPE pairs (i, i + d/2); llama's permuted GGUF rows pair (2i, 2i + 1)
+    dense_ffn: bool = True               # every layer has a dense MLP of feed_forward_length (False: MoE layers)
+    # HF folders
+    hf_layer_map: dict[str, str] = {}    # per-layer HF module -> GGUF tensor base, beside hf.LAYER_MAP
+    hf_permute_qk: bool = False          # Q/K rows permuted as llama.cpp's converter does for llama
+    hf_norm_offset: float = 0.0          # added to every RMSNorm weight (Gemma stores w, GGUF holds 1 + w)
+    hf_tie_default: bool = False         # tie_word_embeddings when config.json does not say
+    hf_default_rope_theta: float = 10000.0
+
+    def gguf_config(self, m, kw: dict[str, Any]) -> None:
+        """Reads this architecture's own GGUF keys (m: gguf_config's metadata reader) into ModelConfig fields."""
+
+    def hf_config(self, cfg: dict, kw: dict[str, Any], need) -> None:
+        """Reads this architecture's own config.json keys into ModelConfig fields (need(key): a required key)."""
+
+    def hf_layer_windows(self, cfg: dict, num_layers: int) -> tuple[int, ...]:
+        """Per layer sliding window from config.json when it has no layer_types (0 = full attention)."""
+        window = int(cfg.get("sliding_window") or 0)
+        return (window,) * num_layers if window > 0 else ()
+
+    def gguf_metadata(self, cfg) -> dict[str, Any]:
+        """This architecture's own GGUF keys (without the `{arch}.` prefix) for a file written from cfg."""
+        return {}
+
+    def block(self, cfg, layer: int) -> BlockSpec:
+        raise NotImplementedError

@@ -1,0 +1,18 @@
+"""The parts a block is made of, one file per kind, each built from its spec (engine/model/spec.py)."""
+from __future__ import annotations
+
+from engine.model.parts.attention import Attention
+from engine.model.parts.mlp import GatedMLP
+from engine.model.parts.moe import MoE
+from engine.model.spec import AttentionSpec, GatedMLPSpec, MoESpec
+
+PART_CLASSES = {AttentionSpec: Attention, GatedMLPSpec: GatedMLP, MoESpec: MoE}
+
+
+def build_part(spec, ws, cfg, prefix: str, batch_invariant: bool, shared: dict):
+    """The CPU module of a part spec, its weights read from ws under `prefix` (blk.{i}.)."""
+    try:
+        cls = PART_CLASSES[type(spec)]
+    except KeyError:
+        raise NotImplementedError(f"no module for part {type(spec).__name__}") from None
+    return cls(spec, ws, cfg, prefix, batch_invariant, shared)

@@ -1,0 +1,101 @@
+"""Self-attention over the paged KV cache (spec.AttentionSpec): q/k/v projections (stacked where they can be),
+optional QK-norm and bias, RoPE, a sliding window, a softcap."""
+from __future__ import annotations
+
+import numpy as np
+
+from cpu_kernels import attention, attention_sdpa, rope
+from cpu_kernels.attn_inputs import attn_inputs
+from cpu_kernels.quant.threads import serial_if, serial_work
+from engine.model.parts.base import Part, packed_linears
+from engine.model.parts.linear import Linear, Projections, has, vector
+from engine.model.parts.norm import NO_NORM, RMSNorm, norm_args, small_on_one_thread
+from engine.model.spec import AttentionSpec, RopeSpec
+
+
+class Attention(Part):
+    def __init__(self, spec: AttentionSpec, ws, cfg, prefix: str, batch_invariant: bool, shared: dict):
+        bi = batch_invariant
+        self.names = {k: prefix + t + ".weight" for k, t in
+                      (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_output"))}
+        for k in ("q", "k", "v"):
+            bias = prefix + f"attn_{k}.bias" if spec.qkv_bias else None
+            setattr(self, k, Linear(ws, self.names[k], bias, bi))
+        self.o = Linear(ws, self.names["o"], None, bi)
+        self.q_norm = RMSNorm(ws, prefix + "attn_q_norm.weight", cfg.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(ws, prefix + "attn_k_norm.weight", cfg.rms_norm_eps) if spec.qk_norm else None
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.batch_invariant = batch_invariant
+        self.scale = spec.scale or cfg.head_dim ** -0.5
+        self.sliding_window, self.softcap, self.neox = spec.sliding_window, spec.softcap, spec.rope.neox
+        key = ("rope", spec.rope)
+        if key not in shared:  # layers with the same RoPE share one table (and one cos/sin per step)
+            shared[key] = rope_tables(cfg.head_dim, spec.rope, ws)
+        self.inv_freq, self.mscale = shared[key]
+        self.qkv = Projections(self, ("q", "k", "v"))
+
+    def rope_table(self, meta) -> tuple[np.ndarray, np.ndarray]:
+        """cos/sin of the step's positions: computed by the first layer with this RoPE, shared by the rest."""
+        key = ("rope", id(self.inv_freq), self.mscale)
+        table = meta.step_cache.get(key)
+        if table is None:
+            table = meta.step_cache[key] = rope.rope_cos_sin(meta.positions, self.inv_freq, self.mscale)
+        return table
+
+    def __call__(self, x: np.ndarray, meta, kv) -> np.ndarray:
+        t, rows = x.shape[0], meta.rows
+        qc, kc, vc = self.qkv.columns(x, rows)
+        k_cache, v_cache = kv
+        qk = (None, None) if self.q_norm is None else (norm_args(self.q_norm), norm_args(self.k_norm))
+        with small_on_one_thread(qc[0]):
+            cos, sin = self.rope_table(meta)
+            q = attn_inputs(qc, kc, vc, self.num_heads, *qk, cos, sin, self.neox, k_cache, v_cache,
+                            meta.slot_mapping)
+        # Work ~ query rows x context x heads x head_dim (a decode over a short context is tiny).
+        work = t * meta.max_seq_len * self.num_heads * self.head_dim
+        long_seqs = None if self.batch_invariant or rows is None else rows.bf16_attention(x)
+        if long_seqs is not None and not self.softcap and attention_sdpa.enabled():
+            out = attention_sdpa.mixed_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                                                 meta.block_tables, self.scale, self.sliding_window, long_seqs)
+        else:
+            with serial_if(work < serial_work()):
+                out = attention.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                                                meta.block_tables, self.scale, self.sliding_window, self.softcap,
+                                                long_seqs)
+        return self.o(out.reshape(t, self.num_heads * self.head_dim), rows)
+
+    def fused(self):
+        from cpu_kernels.decode_block import FusedAttention
+        from cpu_kernels.quant.packed import packed
+        where = self.qkv.where()
+        if where is None:
+            return None
+        (gq, q0), (gk, k0), (gv, v0) = where
+        groups = [lin for lin, _ in self.qkv.groups]
+        lins = (groups[gq], groups[gk], groups[gv], self.o)
+        if not packed_linears(lins):
+            return None
+        k_src = 1 if gk == gq else 0
+        v_src = 1 if gv == gq else (2 if gv == gk else 0)
+        qn, kn = norm_args(self.q_norm), norm_args(self.k_norm)
+        return FusedAttention(
+            tuple(packed(lin.weight) for lin in lins), tuple(int(lin.weight.N) for lin in lins),
+            tuple(int(lin.weight.nbytes) for lin in lins),
+            tuple(lin.bias if lin.bias is not None else NO_NORM for lin in lins),
+            (k_src, v_src, q0, k0, v0, int(self.num_heads), int(bool(self.neox))),
+            (np.ascontiguousarray(qn[0]), np.ascontiguousarray(kn[0])),
+            (qn[1], kn[1], float(self.scale), float(self.softcap or 0.0)), int(self.sliding_window or 0))
+
+    def to_device(self, conv, lp, kv_cache):
+        from gpu_kernels.modules import DeviceAttention
+        leaves = {k: conv.leaf(getattr(self, k), name, lp) for k, name in self.names.items()}
+        return DeviceAttention(self, leaves["q"], leaves["k"], leaves["v"], leaves["o"], conv.norm(self.q_norm),
+                               conv.norm(self.k_norm), conv.ctx, kv_cache=kv_cache, kv_on_host=lp.kv_device == "cpu")
+
+
+def rope_tables(head_dim: int, spec: RopeSpec, ws=None) -> tuple[np.ndarray, float]:
+    """inv_freq and mscale of one RoPE; llama.cpp's rope_freqs tensor (Llama 3.1) divides inv_freq."""
+    inv_freq, mscale = rope.rope_inv_freq(head_dim, spec.theta, spec.scaling)
+    if spec.freqs_tensor and ws is not None and has(ws, "rope_freqs.weight"):
+        inv_freq = (inv_freq / vector(ws, "rope_freqs.weight")).astype(np.float32)
+    return np.ascontiguousarray(inv_freq, dtype=np.float32), mscale

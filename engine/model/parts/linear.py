@@ -1,0 +1,165 @@
+"""Linear (y = x @ W^T + b over any weight format) and Projections (Linears reading the same x, stacked into one
+matmul). Which kernel a Linear runs follows the batch's row groups (worker/batch.py's RowGroups), passed in."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from cpu_kernels.quant.linear import QuantLinear
+from cpu_kernels.quant.threads import serial_if, serial_work
+
+
+def vector(ws, name: str) -> np.ndarray:
+    """A 1-D weight (norm scale, bias) as contiguous float32."""
+    raw = ws.raw(name)
+    if raw.dtype == np.uint16:  # bf16 bits
+        return (raw.astype(np.uint32) << 16).view(np.float32).reshape(-1).copy()
+    return np.ascontiguousarray(raw, dtype=np.float32).reshape(-1)
+
+
+def has(ws, name: str) -> bool:
+    return name in ws
+
+
+class Linear:
+    """y = x @ W^T (+ b) over a quantized or float weight stored (N, K)."""
+
+    def __init__(self, ws, name: str, bias: str | None = None, batch_invariant: bool = False):
+        info = ws.info(name)
+        n, k = info.shape[-2], info.shape[-1]
+        self.weight = QuantLinear.from_raw(info.ggml_type, ws.raw(name), (n, k))
+        if self.weight.fmt.repack_copies:
+            ws.release(name)  # repacked into RAM: the file's pages need not stay in RSS (peak RSS ~1x the file)
+        self.bias = vector(ws, bias) if bias and has(ws, bias) else None
+        self.batch_invariant = batch_invariant
+
+    @classmethod
+    def of(cls, weight: QuantLinear, bias: np.ndarray | None = None, batch_invariant: bool = False) -> "Linear":
+        self = cls.__new__(cls)
+        self.weight, self.bias, self.batch_invariant = weight, bias, batch_invariant
+        return self
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.N
+
+    def __call__(self, x: np.ndarray, rows=None, per_row: bool = False, scratch: np.ndarray | None = None):
+        """rows: the batch's RowGroups (None: x is not the batch's rows, e.g. one expert's). per_row: every row
+        runs the M = 1 kernel (rows of different sequences, e.g. sampled rows). scratch: f32 (T, N) the result of a
+        long prefill chunk may be written into (the caller's own buffer)."""
+        if self.weight.nbytes * x.shape[0] >= serial_work():
+            return self._matmul(x, rows, per_row, scratch)  # the common case: no thread-count switch to enter
+        with serial_if(True):
+            return self._matmul(x, rows, per_row, scratch)
+
+    def _matmul(self, x: np.ndarray, rows, per_row: bool, scratch: np.ndarray | None = None) -> np.ndarray:
+        w = self.weight
+        if self.batch_invariant or per_row or rows is None or not rows.applies_to(x):
+            dense = "float32" if rows is None or rows.dense_dtype == "auto" else rows.dense_dtype
+            y = w.matmul(x, batch_invariant=self.batch_invariant or per_row, dense_dtype=dense)
+        elif not rows.large:  # decodes and short chunks only
+            y = w.matmul(x, batch_invariant=True)
+        elif len(rows.large) == 1 and not rows.small.size:  # one long prefill chunk
+            y = w.matmul(x, out=scratch, dense_dtype=rows.dense_dtype)
+        else:
+            y = np.empty((x.shape[0], w.N), np.float32)
+            if rows.small.size:
+                y[rows.small] = w.matmul(x[rows.small], batch_invariant=True)
+            for a, b in rows.large:
+                y[a:b] = w.matmul(x[a:b], dense_dtype=rows.dense_dtype)
+        if self.bias is not None:
+            y += self.bias
+        return y
+
+
+# glibc serves requests up to 32 MiB from its heap and reuses them; larger ones are fresh mappings, faulted in page
+# by page on every call: the 8B shape's 512-row gate|up output (59 MB) took ~480k page faults per prefill.
+BIG_BYTES = 32 << 20
+KEEP_BYTES = 256 << 20  # larger results (chunks of thousands of rows) stay fresh: a buffer held for good costs RAM
+_scratch = threading.local()
+
+
+def big_scratch(shape: tuple[int, int]) -> np.ndarray | None:
+    """This thread's reused f32 buffer of `shape` when it is larger than BIG_BYTES (up to KEEP_BYTES), else None."""
+    if not BIG_BYTES < shape[0] * shape[1] * 4 <= KEEP_BYTES:
+        return None
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < shape[0] * shape[1]:
+        buf = _scratch.buf = np.empty(shape[0] * shape[1], np.float32)
+    return buf[:shape[0] * shape[1]].reshape(shape)
+
+
+class Projections:
+    """Linears that read the same x (q/k/v, gate/up): those sharing a format and K run as one matmul over
+    their weights stacked along N (a launch and a Python call less per part per layer); the parts' own
+    weights then view the stacked rows, so nothing is held twice and the offload layer still sees them."""
+
+    def __init__(self, owner, names: tuple[str, ...]):
+        self.owner, self.names = owner, names
+        self.parts = [getattr(owner, n) for n in names]
+        groups: dict[tuple, list[int]] = {}
+        for i, p in enumerate(self.parts):
+            w = p.weight
+            stackable = w.fmt.repack_copies and w.N % w.fmt.row_block == 0  # views stay unstacked
+            key = (w.ggml_type, w.K, p.batch_invariant) if stackable else (i,)
+            groups.setdefault(key, []).append(i)
+        self.groups = []  # (Linear, [(part index, first column, last column)])
+        for idxs in groups.values():
+            if len(idxs) == 1:
+                p = self.parts[idxs[0]]
+                self.groups.append((p, [(idxs[0], 0, p.out_features)]))
+                continue
+            members = [self.parts[i] for i in idxs]
+            stacked = QuantLinear.stack([m.weight for m in members])
+            bias = None
+            if any(m.bias is not None for m in members):
+                bias = np.concatenate([m.bias if m.bias is not None else np.zeros(m.out_features, np.float32)
+                                       for m in members])
+            fused = Linear.of(stacked, bias, members[0].batch_invariant)
+            spans, lo = [], 0
+            for i, m in zip(idxs, members):
+                hi = lo + m.out_features
+                m.weight = stacked.rows(lo, hi)  # the part now views the stacked rows
+                spans.append((i, lo, hi))
+                lo = hi
+            self.groups.append((fused, spans))
+
+    def replaced(self) -> bool:
+        """A part was replaced on the owner since (offload override): the stacked weights no longer apply."""
+        return any(getattr(self.owner, n) is not p for n, p in zip(self.names, self.parts))
+
+    def where(self) -> list[tuple[int, int]] | None:
+        """Per part, (its group's index, its first column); None once a part was replaced."""
+        if self.replaced():
+            return None
+        out = [None] * len(self.parts)
+        for g, (_lin, spans) in enumerate(self.groups):
+            for i, lo, _hi in spans:
+                out[i] = (g, lo)
+        return out
+
+    def stacked(self, x: np.ndarray, rows) -> np.ndarray | None:
+        """The parts' outputs side by side in one (T, sum N) array when they run as one matmul and are equally
+        wide (the gated activations read the halves in place); None otherwise. A large result may live in this
+        thread's scratch buffer (big_scratch): use it before the next call."""
+        if len(self.groups) != 1 or self.replaced():
+            return None
+        lin, spans = self.groups[0]
+        in_order = [i for i, _, _ in spans] == list(range(len(self.parts)))
+        if len(spans) < 2 or not in_order or len({hi - lo for _, lo, hi in spans}) != 1:
+            return None
+        # only one long chunk alone writes into scratch (Linear._matmul): no buffer for the others
+        one_chunk = rows is not None and rows.applies_to(x) and len(rows.large) == 1 and not rows.small.size
+        return lin(x, rows, scratch=big_scratch((x.shape[0], lin.out_features)) if one_chunk else None)
+
+    def columns(self, x: np.ndarray, rows) -> list[tuple[np.ndarray, int]]:
+        """Per part, (the C-contiguous output holding it, its first column): no copies of stacked parts."""
+        if self.replaced():
+            return [(np.ascontiguousarray(getattr(self.owner, n)(x, rows), dtype=np.float32), 0) for n in self.names]
+        out = [None] * len(self.parts)
+        for lin, spans in self.groups:
+            y = lin(x, rows)
+            for i, lo, _hi in spans:
+                out[i] = (y, lo)
+        return out

@@ -1,0 +1,108 @@
+"""What a layer is made of, as plain data: an architecture file returns one BlockSpec per layer, and everything
+else is derived from it (the CPU modules, the fused decode step, the GPU modules, the tensors a file must hold).
+
+A block is residual steps, each `x = x + post(part(pre(x)))` where pre and post are RMSNorms (or absent) and
+part is one of the part specs below. Tensor names are GGUF's, relative to the layer (`blk.{i}.`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cpu_kernels.rope import RopeScaling
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """One RoPE table: base, scaling, pairing (neox: (i, i + d/2); else (2i, 2i + 1), llama's permuted GGUF
+    rows), and whether llama.cpp's rope_freqs.weight tensor (llama 3.1's scaling) divides the frequencies."""
+    theta: float
+    scaling: RopeScaling = field(default_factory=RopeScaling)
+    neox: bool = False
+    freqs_tensor: bool = False
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Self-attention over the paged KV cache: attn_q/k/v/output (+ .bias with qkv_bias), attn_q_norm/attn_k_norm
+    (per-head RMSNorm) with qk_norm, a sliding window (0 = full), a logit softcap (0 = none) and the score scale
+    (0 = head_dim ** -0.5)."""
+    rope: RopeSpec
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int = 0
+    softcap: float = 0.0
+    scale: float = 0.0
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        H, D = cfg.hidden_size, cfg.head_dim
+        hq, hkv = cfg.num_heads * D, cfg.num_kv_heads * D
+        out = {"attn_q.weight": (hq, H), "attn_k.weight": (hkv, H), "attn_v.weight": (hkv, H),
+               "attn_output.weight": (H, hq)}
+        if self.qkv_bias:
+            out.update({"attn_q.bias": (hq,), "attn_k.bias": (hkv,), "attn_v.bias": (hkv,)})
+        if self.qk_norm:
+            out.update({"attn_q_norm.weight": (D,), "attn_k_norm.weight": (D,)})
+        return out
+
+
+@dataclass(frozen=True)
+class GatedMLPSpec:
+    """down(act(gate(x)) * up(x)) over {prefix}_gate/_up/_down{suffix} (shared experts: suffix "_shexp"); act is
+    silu or gelu_tanh; width 0 = cfg.intermediate_size."""
+    act: str = "silu"
+    width: int = 0
+    prefix: str = "ffn"
+    suffix: str = ""
+
+    def names(self) -> dict[str, str]:
+        p, s = self.prefix, self.suffix
+        return {"gate": f"{p}_gate{s}.weight", "up": f"{p}_up{s}.weight", "down": f"{p}_down{s}.weight"}
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        H, F = cfg.hidden_size, self.width or cfg.intermediate_size
+        n = self.names()
+        return {n["gate"]: (F, H), n["up"]: (F, H), n["down"]: (H, F)}
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """A softmax router (ffn_gate_inp) picking top_k of num_experts gated experts per token (ffn_gate/up/down_exps,
+    stacked (E, N, K)); norm_topk_prob renormalizes the chosen weights."""
+    num_experts: int
+    top_k: int
+    width: int
+    norm_topk_prob: bool = True
+    act: str = "silu"
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        H, E, F = cfg.hidden_size, self.num_experts, self.width
+        return {"ffn_gate_inp.weight": (E, H), "ffn_gate_exps.weight": (E, F, H), "ffn_up_exps.weight": (E, F, H),
+                "ffn_down_exps.weight": (E, H, F)}
+
+
+@dataclass(frozen=True)
+class Residual:
+    """x = x + post(part(pre(x))); pre and post are RMSNorm weight tensors (None: no norm)."""
+    part: object
+    pre: str | None
+    post: str | None = None
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    steps: tuple[Residual, ...]
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        """Every tensor of the layer (names relative to blk.{i}.) and its shape (numpy order)."""
+        out: dict[str, tuple[int, ...]] = {}
+        for st in self.steps:
+            for norm in (st.pre, st.post):
+                if norm:
+                    out[norm + ".weight"] = (cfg.hidden_size,)
+            out.update(st.part.tensors(cfg))
+        return out
+
+
+def prenorm_block(mixer, ffn) -> BlockSpec:
+    """x + mixer(attn_norm(x)), then x + ffn(ffn_norm(x)): llama's block and most others'."""
+    return BlockSpec((Residual(mixer, "attn_norm"), Residual(ffn, "ffn_norm")))
