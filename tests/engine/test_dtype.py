@@ -34,8 +34,10 @@ def test_float32_means_float32_everywhere(moe):
     folder, ref = moe
     llm = LLM(model=folder, dtype="float32", max_model_len=128, kv_cache_memory=0.05)
     assert llm.llm_engine.model.prefill_dtype == "float32"
-    want = ref[np.arange(len(PROMPT) - 1), PROMPT[1:]]
-    assert np.abs(prompt_logprobs(llm) - want).max() < 2e-3
+    diff = np.abs(prompt_logprobs(llm) - ref[np.arange(len(PROMPT) - 1), PROMPT[1:]])
+    # Measured: median 4e-4, max 1.7e-3 (logprobs around -6.5); with this host's bf16 long chunks (dtype auto on
+    # AVX512-BF16) the max was 1.2.
+    assert np.median(diff) < 1e-3 and diff.max() < 5e-3
 
 
 def test_bfloat16_runs_long_chunks_in_bfloat16(moe):
