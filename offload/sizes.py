@@ -1,7 +1,7 @@
 """The size model behind the planner: what each placement of each tensor costs on each device.
 
-Bytes on a GPU: packed GGUF blocks as stored, or numel x the dtype dequantized to; norms and biases in
-float32. KV: 2 (K and V) x block_size x kv heads x head_dim x the KV dtype per block per layer. Work:
+Bytes on a GPU: packed GGUF blocks as stored, or numel x the dtype dequantized to; norms, biases and MoE
+routers in float32. KV: 2 (K and V) x block_size x kv heads x head_dim x the KV dtype per block per layer. Work:
 activations of max_num_batched_tokens rows, attention scratch, dequantization tiles, staging for
 streamed layers and the logits of the rows that sample. Margin: the runtime's own (CUDA context).
 """
@@ -48,6 +48,10 @@ def ranges(ix: list[int]) -> str:
 def layers_text(ix: list[int]) -> str:
     """[3] -> "layer 3"; [0, 1, 2, 5] -> "layers 0-2, 5"."""
     return f"layer {ix[0]}" if len(ix) == 1 else f"layers {ranges(ix)}"
+
+
+def is_router(t: TensorMeta) -> bool:
+    return ".ffn_gate_inp." in t.name
 
 
 def _unit(t: TensorMeta) -> str:
@@ -105,8 +109,8 @@ class SizeModel:
         return c.device
 
     def dev_bytes(self, t: TensorMeta, fmt: str) -> int:
-        if not t.is_matrix:
-            return t.numel * 4
+        if not t.is_matrix or is_router(t):
+            return t.numel * 4  # norms, biases and MoE routers go to the device in float32 (offload/convert.py)
         if fmt == "packed" and t.ggml_type in DEVICE_PACKED_TYPES:
             return t.nbytes
         return t.numel * DTYPE_BYTES.get(fmt, DTYPE_BYTES[self.compute_dtype])
@@ -118,11 +122,12 @@ class SizeModel:
             if self.unit_device(unit, ts, c) == "cpu":
                 ram += sum(t.nbytes for t in ts)
             else:
-                b = sum(self.dev_bytes(t, c.fmt) for t in ts)
-                if c.streamed:
-                    streamed += b
-                else:
-                    gpu += b
+                for t in ts:
+                    b = self.dev_bytes(t, c.fmt)
+                    if c.streamed and not is_router(t):  # the router is copied once, not streamed
+                        streamed += b
+                    else:
+                        gpu += b
         return ram, gpu, streamed
 
     def output_tensors(self) -> tuple[TensorMeta, TensorMeta | None]:
