@@ -64,13 +64,16 @@ class EngineArgs:
         "GPU layer weights: auto (dequantized once where the budget allows, else packed), float32, float16, "
         "bfloat16, or packed (GGUF blocks, dequantized per matmul)"))
     devices_file: Optional[str] = field(default=None, metadata=_meta(
-        "JSON description of RAM and GPUs used instead of probing (planning for another machine, tests)"))
+        "JSON description of RAM and GPUs used instead of probing (README, Offload): `ramlm plan` plans for the "
+        "machine it describes; the engine sizes this machine's devices from it (a GPU torch does not see is refused)"))
 
     def __post_init__(self):
         for f in fields(self):
             allowed = f.metadata.get("choices")
             if allowed and getattr(self, f.name) not in allowed:
                 raise ValueError(f"{f.name} must be one of {', '.join(allowed)}, got {getattr(self, f.name)!r}")
+        from offload.plan_types import PlanOptions
+        PlanOptions.from_args(self)  # the placement flags are refused here, before a model is loaded
 
     def resolved_model(self) -> str:
         if self.model:

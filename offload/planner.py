@@ -57,9 +57,12 @@ class _Planner(SizeModel):
             self.budget = 0
             self.compute_dtype = "float32"
             return
+        if g.name in d.absent and o.wants_gpu():
+            raise ValueError(f"{g.name} is described in {d.source}, but torch does not see it on this machine: a "
+                             "devices file can resize this machine's devices, not add one (--gpu-device cpu runs "
+                             "the GPU path on torch's CPU device; `ramlm plan --devices-file` plans for another "
+                             "machine)")
         util = o.gpu_memory_utilization
-        if not 0 < util <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util}")
         if g.kind == "torch-cpu":
             self.budget = int(g.free_bytes * util)
             how = f"{util:.2f} x {gib(g.free_bytes)} of RAM available"
@@ -173,15 +176,7 @@ class _Planner(SizeModel):
 
     def explicit(self, fmt0: str, blocks: int) -> tuple[list[_Choice], bool]:
         L, s = self.L, self.o.n_gpu_layers
-        if s == "all":
-            n = L + 1
-        else:
-            try:
-                n = int(s)
-            except ValueError:
-                raise ValueError(f"n_gpu_layers must be a number, 'auto' or 'all', got {s!r}") from None
-            if n < 0:
-                raise ValueError(f"n_gpu_layers must be >= 0, got {n}")
+        n = L + 1 if s == "all" else int(s)  # PlanOptions checked the spelling
         choices, out_gpu = self.layers_on(min(n, L), fmt0, False), n > L
         where = layers_text([i for i in range(L) if choices[i].device == "gpu"]) if n else "no layer"
         last = " (the last ones, as llama.cpp)" if 0 < n < L else ""

@@ -1,4 +1,4 @@
-"""`ramlm plan [MODEL] [--devices FILE] [--json]`: the placement plan for a model on a machine, and why.
+"""`ramlm plan [MODEL] [--devices-file FILE] [--json]`: the placement plan for a model on a machine, and why.
 
 MODEL is a GGUF file or HF folder (only the header is read: no weights are loaded), or --shape NAME
 plans a synthetic model of a known shape (offload.meta.SHAPES) in --quant, without any file.
@@ -12,11 +12,10 @@ import sys
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     from engine.args import EngineArgs
     p.add_argument("model", nargs="?", default=None, help="GGUF file or HF folder (default: the embedded model)")
-    p.add_argument("--devices", default=None, help="JSON description of RAM and GPUs (default: probe this machine)")
     p.add_argument("--shape", default=None, help="plan a synthetic model instead: llama-8b, qwen3-moe-30b-a3b, ...")
     p.add_argument("--quant", default="q4_k_m", help="quantization of the --shape model (q4_k_m, q8_0, f16, ...)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    EngineArgs.add_cli_args(p, skip=("model", "devices_file"))
+    EngineArgs.add_cli_args(p, skip=("model",))
 
 
 def _meta(ns):
@@ -33,7 +32,8 @@ def build_plan(ns):
     from engine.args import EngineArgs
     from offload import load_devices, plan, probe_devices
     args = EngineArgs.from_cli_args(ns)
-    devices = load_devices(ns.devices) if ns.devices else probe_devices()
+    # A described machine need not be this one: its GPUs are planned for, not looked for.
+    devices = load_devices(ns.devices_file, on_this_machine=False) if ns.devices_file else probe_devices()
     return plan(_meta(ns), devices, args)
 
 

@@ -31,7 +31,7 @@ def test_meta_from_the_default_model_matches_its_tensors():
 
 def test_plan_cli_json_and_text(tmp_path, capsys):
     dev = write_devices(tmp_path, GPU8)
-    args = ["plan", "--shape", "llama-8b", "--devices", dev, "--n-gpu-layers", "auto", "--max-model-len", "4096",
+    args = ["plan", "--shape", "llama-8b", "--devices-file", dev, "--n-gpu-layers", "auto", "--max-model-len", "4096",
             "--max-num-seqs", "1"]
     assert main(args + ["--json"]) == 0
     d = json.loads(capsys.readouterr().out)
@@ -43,7 +43,7 @@ def test_plan_cli_json_and_text(tmp_path, capsys):
 
 def test_plan_cli_on_a_model_file(tmp_path, capsys):
     dev = write_devices(tmp_path, GPU8)
-    assert main(["plan", default_model(), "--devices", dev, "--n-gpu-layers", "4", "--json"]) == 0
+    assert main(["plan", default_model(), "--devices-file", dev, "--n-gpu-layers", "4", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert [lp["index"] for lp in d["layers"] if lp["device"] == "cuda:0"] == [14, 15, 16, 17]
-    assert main(["plan", "--shape", "nope", "--devices", dev]) == 2
+    assert main(["plan", "--shape", "nope", "--devices-file", dev]) == 2

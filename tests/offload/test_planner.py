@@ -30,12 +30,12 @@ def moe30b():
 
 @pytest.fixture
 def gpu8(tmp_path):
-    return load_devices(write_devices(tmp_path, GPU8))
+    return load_devices(write_devices(tmp_path, GPU8), on_this_machine=False)
 
 
 @pytest.fixture
 def apu(tmp_path):
-    return load_devices(write_devices(tmp_path, APU96))
+    return load_devices(write_devices(tmp_path, APU96), on_this_machine=False)
 
 
 def gpu_use(p: PlacementPlan):
@@ -50,7 +50,7 @@ def test_synthetic_shapes_have_the_sizes_of_the_real_files(llama8b, moe30b):
 
 
 def test_no_gpu_keeps_everything_in_ram(tmp_path, llama8b):
-    devices = load_devices(write_devices(tmp_path, CPU_ONLY))
+    devices = load_devices(write_devices(tmp_path, CPU_ONLY), on_this_machine=False)
     p = plan(llama8b, devices, n_gpu_layers="auto", **SHORT)
     assert p.gpu_device is None and p.gpu_layers() == [] and p.output_device == "cpu"
     assert any("no GPU" in r for r in p.reasons) and not p.warnings
