@@ -19,7 +19,9 @@ class EngineArgs:
         "GGUF file or HF folder; default: the embedded gemma-3-270m Q4_K_M"))
     tokenizer: Optional[str] = field(default=None, metadata=_meta("HF tokenizer folder (default: from the model)"))
     max_model_len: Optional[int] = field(default=None, metadata=_meta(
-        "context length (default: the model's, capped at 8192)"))
+        "context length: the most tokens (prompt + output) a request may hold; default: the model's own context "
+        "(131072 for Llama 3.1), and more than that is refused. The KV pool holds at most max_model_len x "
+        "max_num_seqs tokens"))
     dtype: str = field(default="auto", metadata=_meta("activation dtype: auto|float32 (CPU math is float32)"))
     kv_cache_dtype: str = field(default="auto", metadata=_meta(
         "KV cache element type: auto (= fp16), fp16/float16, fp32/float32", choices=tuple(KV_CACHE_DTYPES)))
