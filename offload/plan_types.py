@@ -30,6 +30,9 @@ class PlanOptions:
     block_size: int = 16
     kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
+    # Whether the user chose max_model_len (None: it was given iff max_model_len is). `auto` keeps room for one
+    # request of a chosen length; an unchosen (model-default) one may shrink to FIT_MIN_TOKENS, as llama.cpp's --fit.
+    max_model_len_set: bool | None = None
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     num_gpu_blocks_override: int | None = None
@@ -45,6 +48,9 @@ class PlanOptions:
                 vals[f.name] = kw[f.name]
             elif args is not None and hasattr(args, f.name):
                 vals[f.name] = getattr(args, f.name)
+        if "max_model_len_set" not in kw and args is not None and hasattr(args, "max_model_len"):
+            # The load hook passes the resolved length; whether the user chose it is in the EngineArgs.
+            vals["max_model_len_set"] = getattr(args, "max_model_len") is not None
         if "override_tensor" in vals:
             vals["override_tensor"] = parse_overrides(vals["override_tensor"])
         if vals.get("n_gpu_layers") is None:
@@ -64,6 +70,8 @@ class PlanOptions:
     def __post_init__(self):
         """Refuses what no plan can mean, whether or not a GPU is asked for (nothing is accepted and ignored)."""
         from offload.devices import normalize_device
+        if self.max_model_len_set is None:
+            object.__setattr__(self, "max_model_len_set", self.max_model_len is not None)
         n = self.n_gpu_layers
         if n not in ("auto", "all") and not n.isdigit():
             raise ValueError(f"n_gpu_layers must be a number >= 0, 'auto' or 'all', got {n!r}")

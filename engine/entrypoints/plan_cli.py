@@ -37,18 +37,26 @@ def build_plan(ns):
     return plan(_meta(ns), devices, args)
 
 
+def elsewhere_note(tensors_elsewhere: dict) -> str:
+    """{"blk.3.ffn_up_exps.weight": "cpu", ...} -> "ffn_down_exps, ffn_gate_exps, ffn_gate_inp, ffn_up_exps in RAM"."""
+    by_device: dict[str, set] = {}
+    for name, dev in tensors_elsewhere.items():
+        by_device.setdefault(dev, set()).add(name.split(".")[2])
+    return "; ".join(f"{', '.join(sorted(leaves))} {'in RAM' if dev == 'cpu' else 'on ' + dev}"
+                     for dev, leaves in sorted(by_device.items()))
+
+
 def format_plan(p) -> str:
     from offload.plan_types import gib
     from offload.sizes import ranges
     lines = [f"plan for {p.model} ({p.arch}, {p.num_layers} layers)"]
     groups: dict[tuple, list[int]] = {}
     for lp in p.layers:
-        key = (lp.device, lp.weights, lp.weight_format, lp.kv_device, bool(lp.tensors_elsewhere))
+        key = (lp.device, lp.weights, lp.weight_format, lp.kv_device, elsewhere_note(lp.tensors_elsewhere))
         groups.setdefault(key, []).append(lp.index)
     lines.append(f"  {'layers':<14} {'device':<10} {'weights':<9} {'format':<9} {'kv':<10} note")
-    for (dev, home, fmt, kv, moved), ix in groups.items():
-        note = "some tensors elsewhere" if moved else ""
-        lines.append(f"  {ranges(ix):<14} {dev:<10} {home:<9} {fmt:<9} {kv:<10} {note}")
+    for (dev, home, fmt, kv, note), ix in groups.items():
+        lines.append(f"  {ranges(ix):<14} {dev:<10} {home:<9} {fmt:<9} {kv:<10} {note}".rstrip())
     lines.append(f"  embedding: {p.embed_device}; output matrix: {p.output_device} ({p.output_format})")
     lines.append(f"  KV: {p.kv.num_blocks} blocks x {p.kv.block_size} tokens ({p.kv.dtype}), limited by "
                  f"{p.kv.limited_by}" + (f"; RAM tier {p.kv.num_cpu_blocks} blocks" if p.kv.num_cpu_blocks else ""))
