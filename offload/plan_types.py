@@ -48,7 +48,7 @@ class PlanOptions:
                 vals[f.name] = kw[f.name]
             elif args is not None and hasattr(args, f.name):
                 vals[f.name] = getattr(args, f.name)
-        if "max_model_len_set" not in kw and args is not None and hasattr(args, "max_model_len"):
+        if "max_model_len_set" not in vals and args is not None and hasattr(args, "max_model_len"):
             # The load hook passes the resolved length; whether the user chose it is in the EngineArgs.
             vals["max_model_len_set"] = getattr(args, "max_model_len") is not None
         if "override_tensor" in vals:

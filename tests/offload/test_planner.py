@@ -9,7 +9,7 @@ from engine.args import EngineArgs
 from offload import load_devices, plan, synthetic_meta
 from offload.devices import devices_from_dict
 from offload.meta import SHAPES
-from offload.plan_types import GIB, PlacementPlan
+from offload.plan_types import GIB, PlacementPlan, PlanOptions
 from tests.offload.helpers import CPU_ONLY, write_devices
 
 GPU8 = {"ram": {"total_gib": 32, "available_gib": 28},
@@ -94,6 +94,10 @@ def test_auto_shrinks_the_kv_before_moving_layers_off_the_gpu(gpu8, llama8b):
     unset = plan(llama8b, gpu8, n_gpu_layers="auto")
     assert unset.gpu_layers() == list(range(32)) and any("llama.cpp's --fit minimum" in r for r in unset.reasons)
     assert any("less than max_model_len 131072" in w for w in unset.warnings)
+    # The load hook passes the resolved length; EngineArgs tell that the user did not choose it.
+    hook = PlanOptions.from_args(EngineArgs(n_gpu_layers="auto"), max_model_len=131072, kv_pool_blocks=10 ** 6)
+    assert not hook.max_model_len_set and not PlanOptions.from_args(hook, num_cpu_blocks=4).max_model_len_set
+    assert plan(llama8b, gpu8, hook).gpu_layers() == list(range(32))
 
 
 def gpu_machine(gpu_gib: float, ram_gib: float):
