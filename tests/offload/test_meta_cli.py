@@ -41,6 +41,17 @@ def test_plan_cli_json_and_text(tmp_path, capsys):
     assert "0-31" in text and "why:" in text and "cuda:0" in text
 
 
+def test_plan_cli_says_which_tensors_stay_in_ram(tmp_path, capsys):
+    """Was: "some tensors elsewhere" beside "all 48 layers ... fit" while the experts sat in RAM."""
+    dev = write_devices(tmp_path, GPU8)
+    assert main(["plan", "--shape", "qwen3-moe-30b-a3b", "--devices-file", dev, "--n-gpu-layers", "auto",
+                 "--override-tensor", "exps=CPU", "--max-model-len", "4096"]) == 0
+    text = capsys.readouterr().out
+    assert "0-47           cuda:0     device    packed    cuda:0     " \
+           "ffn_down_exps, ffn_gate_exps, ffn_gate_inp, ffn_up_exps in RAM" in text
+    assert "--override-tensor keeps the routed experts (with their router) of layers 0-47" in text
+
+
 def test_plan_cli_on_a_model_file(tmp_path, capsys):
     dev = write_devices(tmp_path, GPU8)
     assert main(["plan", default_model(), "--devices-file", dev, "--n-gpu-layers", "4", "--json"]) == 0
