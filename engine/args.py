@@ -19,7 +19,9 @@ class EngineArgs:
         "GGUF file or HF folder; default: the embedded gemma-3-270m Q4_K_M"))
     tokenizer: Optional[str] = field(default=None, metadata=_meta("HF tokenizer folder (default: from the model)"))
     max_model_len: Optional[int] = field(default=None, metadata=_meta(
-        "context length (default: the model's, capped at 8192)"))
+        "context length: the most tokens (prompt + output) a request may hold; default: the model's own context "
+        "(131072 for Llama 3.1), and more than that is refused. The KV pool holds at most max_model_len x "
+        "max_num_seqs tokens"))
     dtype: str = field(default="auto", metadata=_meta(
         "activation precision (vLLM's dtype): float32 (or float) computes everything in float32: long prefill "
         "chunks, their attention, MoE routers and GPU layers; bfloat16 runs long prefill chunks, their attention and "
@@ -69,7 +71,8 @@ class EngineArgs:
         "GPU layer weights: auto (dequantized once where the budget allows, else packed), float32, float16, "
         "bfloat16, or packed (GGUF blocks, dequantized per matmul)"))
     devices_file: Optional[str] = field(default=None, metadata=_meta(
-        "JSON description of RAM and GPUs used instead of probing (planning for another machine, tests)"))
+        "JSON description of RAM and GPUs used instead of probing (README, Offload): `ramlm plan` plans for the "
+        "machine it describes; the engine sizes this machine's devices from it (a GPU torch does not see is refused)"))
 
     def __post_init__(self):
         if self.dtype in ("float16", "half"):
@@ -80,6 +83,8 @@ class EngineArgs:
             if allowed and getattr(self, f.name) not in allowed:
                 raise ValueError(f"{f.name} must be one of {', '.join(allowed)}, got {getattr(self, f.name)!r}")
         self.effective_prefill_dtype()
+        from offload.plan_types import PlanOptions
+        PlanOptions.from_args(self)  # the placement flags are refused here, before a model is loaded
 
     def effective_prefill_dtype(self) -> str:
         """The long prefill chunks' precision once dtype is applied: dtype float32/bfloat16 decide it (a conflicting

@@ -8,11 +8,14 @@ Devices can be described in JSON instead of probed, to plan for another machine 
      "probe": false}
 
 Sizes take *_bytes or *_gib keys. With "probe": true the file only overrides the probed facts: its
-"ram" keys replace the probed ones, and a GPU entry replaces the probed GPU of the same name.
+"ram" keys replace the probed ones, and a GPU entry replaces the probed GPU of the same name. Unknown
+keys, GPU kinds or names, negative sizes and malformed JSON are refused with a ValueError naming the file
+and the entry.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import asdict, dataclass, replace
@@ -66,6 +69,7 @@ class Devices:
     ram: DeviceInfo
     gpus: tuple[DeviceInfo, ...] = ()
     source: str = "probed"
+    absent: tuple[str, ...] = ()  # described GPUs torch does not see on this machine (load_devices)
 
     def gpu(self, name: str | None) -> DeviceInfo | None:
         """The GPU called `name` ("cuda" means cuda:0; None: the first GPU; "cpu": torch's CPU device)."""
@@ -80,7 +84,8 @@ class Devices:
         return None
 
     def to_dict(self) -> dict:
-        return {"ram": self.ram.to_dict(), "gpus": [g.to_dict() for g in self.gpus], "source": self.source}
+        return {"ram": self.ram.to_dict(), "gpus": [g.to_dict() for g in self.gpus], "source": self.source,
+                "absent": list(self.absent)}
 
 
 def normalize_device(name: str) -> str:
@@ -172,45 +177,135 @@ def probe_devices(gpus: bool = True) -> Devices:
     return Devices(ram, tuple(probe_gpus(ram)) if gpus else (), "probed")
 
 
-def _size(d: dict, key: str, default: int) -> int:
-    if f"{key}_bytes" in d:
-        return int(d[f"{key}_bytes"])
-    if f"{key}_gib" in d:
-        return int(round(float(d[f"{key}_gib"]) * GIB))
-    return default
+# What a description may say (anything else is refused, so a typo such as "total_gb" is not silently dropped).
+TOP_KEYS = ("ram", "gpus", "probe")
+RAM_KEYS = ("total_gib", "total_bytes", "available_gib", "available_bytes", "free_gib", "free_bytes", "description")
+GPU_KEYS = ("name", "kind", "description", "total_gib", "total_bytes", "free_gib", "free_bytes", "compute_capability",
+            "shared_with_host", "coherent_host_access")
+# GPU kind -> the torch device type of its name (torch's ROCm build calls its devices cuda:N).
+GPU_KINDS = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "mps": "mps"}
+_GPU_NAME = re.compile(r"^(cuda|xpu):\d+$|^mps$")
 
 
-def _device_from(d: dict, base: DeviceInfo | None, ram: bool) -> DeviceInfo:
-    name = "cpu" if ram else normalize_device(d.get("name", base.name if base else "cuda:0"))
-    kind = "ram" if ram else d.get("kind", base.kind if base else name.split(":")[0])
-    total = _size(d, "total", base.total_bytes if base else 0)
-    free = _size(d, "available" if ram else "free", _size(d, "free", base.free_bytes if base else total))
-    if total <= 0:
-        raise ValueError(f"device description {d!r}: needs total_gib or total_bytes")
-    keep = {f: d[f] for f in ("shared_with_host", "coherent_host_access", "compute_capability", "description")
-            if f in d}
-    info = base if base is not None else DeviceInfo(name, kind, total, free)
-    return replace(info, name=name, kind=kind, total_bytes=total, free_bytes=min(free, total), **keep)
+class _Described:
+    """Reads one description, naming where it came from in every error."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, what: str):
+        raise ValueError(f"{self.source}: {what}")
+
+    def obj(self, d, where: str, keys: tuple[str, ...]) -> dict:
+        if not isinstance(d, dict):
+            self.fail(f"{where} must be a JSON object, got {type(d).__name__} {json.dumps(d)[:60]}")
+        unknown = sorted(set(d) - set(keys))
+        if unknown:
+            self.fail(f"{where} has unknown key(s) {', '.join(unknown)}; known: {', '.join(keys)}")
+        return d
+
+    def size(self, d: dict, where: str, key: str, default: int) -> int:
+        for unit, scale in (("bytes", 1), ("gib", GIB)):
+            k = f"{key}_{unit}"
+            if k in d:
+                v = d[k]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                    self.fail(f"{where}.{k} must be a number >= 0, got {json.dumps(v)}")
+                return int(round(v * scale))
+        return default
+
+    def flag(self, d: dict, where: str, key: str, typ: type):
+        if key in d and not isinstance(d[key], typ):
+            self.fail(f"{where}.{key} must be a JSON {'boolean' if typ is bool else 'string'}, got {json.dumps(d[key])}")
+
+    def gpu_name(self, g: dict, where: str, default: str) -> str:
+        raw = g.get("name", default)
+        if not isinstance(raw, str):
+            self.fail(f"{where}.name must be a string, got {json.dumps(raw)}")
+        name = normalize_device(raw)
+        if not _GPU_NAME.match(name):
+            self.fail(f"{where}.name {raw!r} is not a GPU name (cuda:N, rocm:N, xpu:N or mps; torch's CPU device is "
+                      "not described, --gpu-device cpu selects it)")
+        return name
+
+    def device(self, d: dict, where: str, base: DeviceInfo | None, ram: bool) -> DeviceInfo:
+        d = self.obj(d, where, RAM_KEYS if ram else GPU_KEYS)
+        for key, typ in (("shared_with_host", bool), ("coherent_host_access", bool), ("compute_capability", str),
+                         ("description", str)):
+            self.flag(d, where, key, typ)
+        name = "cpu" if ram else d["name"]
+        if ram:
+            kind = "ram"
+        else:
+            kind = d.get("kind", base.kind if base else name.split(":")[0])
+            if kind not in GPU_KINDS:
+                self.fail(f"{where}.kind {kind!r} is not a GPU kind (known: {', '.join(GPU_KINDS)})")
+            if GPU_KINDS[kind] != name.split(":")[0]:
+                self.fail(f"{where}: a {kind} GPU is called {GPU_KINDS[kind]}{':N' if kind != 'mps' else ''}, "
+                          f"not {name}")
+        total = self.size(d, where, "total", base.total_bytes if base else 0)
+        free_key = "available" if ram and ("available_gib" in d or "available_bytes" in d) else "free"
+        free = self.size(d, where, free_key, base.free_bytes if base else total)
+        if total <= 0:
+            self.fail(f"{where} needs total_gib or total_bytes (> 0)")
+        keep = {f: d[f] for f in ("shared_with_host", "coherent_host_access", "compute_capability", "description")
+                if f in d}
+        info = base if base is not None else DeviceInfo(name, kind, total, free)
+        return replace(info, name=name, kind=kind, total_bytes=total, free_bytes=min(free, total), **keep)
 
 
-def devices_from_dict(desc: dict, source: str = "description") -> Devices:
-    """A Devices from a description (see the module doc)."""
+def devices_from_dict(desc, source: str = "device description") -> Devices:
+    """A Devices from a description (see the module doc); ValueError naming `source` and the bad entry."""
+    r = _Described(source)
+    if not isinstance(desc, dict):
+        r.fail(f'expected a JSON object such as {{"ram": {{...}}, "gpus": [...]}}, got {type(desc).__name__} '
+               f"{json.dumps(desc)[:60]}")
+    desc = r.obj(desc, "the description", TOP_KEYS)
+    r.flag(desc, "the description", "probe", bool)
     base = probe_devices() if desc.get("probe") else None
-    ram = _device_from(desc.get("ram", {}), base.ram if base else None, True) if "ram" in desc or base is None \
+    ram = r.device(desc["ram"], "ram", base.ram if base else None, True) if "ram" in desc or base is None \
         else base.ram
+    entries = desc.get("gpus", [])
+    if not isinstance(entries, list):
+        r.fail(f"gpus must be a JSON list, got {json.dumps(entries)[:60]}")
     gpus = list(base.gpus) if base else []
-    for g in desc.get("gpus", []):
-        name = normalize_device(g.get("name", f"cuda:{len(gpus)}"))
+    seen = set()
+    for i, g in enumerate(entries):
+        where = f"gpus[{i}]"
+        r.obj(g, where, GPU_KEYS)
+        name = r.gpu_name(g, where, f"cuda:{len(gpus)}")
+        if name in seen:
+            r.fail(f"{where}: {name} is described twice")
+        seen.add(name)
         old = next((x for x in gpus if x.name == name), None)
-        new = _device_from(dict(g, name=name), old, False)
+        new = r.device(dict(g, name=name), where, old, False)
         gpus = [new if x is old else x for x in gpus] if old else gpus + [new]
     return Devices(ram, tuple(gpus), source)
 
 
-def load_devices(path: str | os.PathLike) -> Devices:
-    """Devices from a JSON description file."""
-    with open(path, encoding="utf-8") as f:
-        return devices_from_dict(json.load(f), source=os.fspath(path))
+def load_devices(path: str | os.PathLike, on_this_machine: bool = True) -> Devices:
+    """Devices from a JSON description file; ValueError (naming the file) when it is missing or malformed.
+
+    on_this_machine: the plan will run here (the engine, the offload bench): described GPUs that torch does
+    not see are listed in Devices.absent, and the planner refuses to put anything on them. False plans for
+    another machine (`ramlm plan`): nothing is probed."""
+    where = f"devices file {os.fspath(path)}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ValueError(f"{where}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{where}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        desc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    devices = devices_from_dict(desc, source=where)
+    if not on_this_machine:
+        return devices
+    here = {g.name for g in probe_gpus(devices.ram)}
+    return replace(devices, absent=tuple(g.name for g in devices.gpus if g.name not in here))
 
 
 __all__ = ["DeviceInfo", "Devices", "GIB", "devices_from_dict", "load_devices", "normalize_device", "probe_devices",

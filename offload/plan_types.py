@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import re
 from dataclasses import asdict, dataclass, field, fields
 
@@ -28,6 +30,9 @@ class PlanOptions:
     block_size: int = 16
     kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
+    # Whether the user chose max_model_len (None: it was given iff max_model_len is). `auto` keeps room for one
+    # request of a chosen length; an unchosen (model-default) one may shrink to FIT_MIN_TOKENS, as llama.cpp's --fit.
+    max_model_len_set: bool | None = None
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     num_gpu_blocks_override: int | None = None
@@ -43,11 +48,15 @@ class PlanOptions:
                 vals[f.name] = kw[f.name]
             elif args is not None and hasattr(args, f.name):
                 vals[f.name] = getattr(args, f.name)
+        if "max_model_len_set" not in vals and args is not None and hasattr(args, "max_model_len"):
+            # The load hook passes the resolved length; whether the user chose it is in the EngineArgs.
+            vals["max_model_len_set"] = getattr(args, "max_model_len") is not None
         if "override_tensor" in vals:
             vals["override_tensor"] = parse_overrides(vals["override_tensor"])
         if vals.get("n_gpu_layers") is None:
             vals["n_gpu_layers"] = "0"
-        vals["n_gpu_layers"] = str(vals["n_gpu_layers"]).strip().lower()
+        ngl = str(vals["n_gpu_layers"]).strip().lower()
+        vals["n_gpu_layers"] = str(int(ngl)) if ngl.isdigit() else ngl  # "08" -> "8"
         for name in ("cpu_offload_gb", "gpu_memory_utilization"):
             if vals.get(name) is None:
                 vals.pop(name, None)
@@ -55,15 +64,35 @@ class PlanOptions:
             vals.pop("num_cpu_blocks", None)
         if "gpu_weight_dtype" in vals:
             wd = str(vals["gpu_weight_dtype"] or "auto").lower()
-            wd = WEIGHT_DTYPE_ALIASES.get(wd, wd)
-            if wd not in ("auto", "packed", "float32", "float16", "bfloat16"):
-                raise ValueError(f"gpu_weight_dtype must be auto, packed, float32, float16 or bfloat16, got {wd!r}")
-            vals["gpu_weight_dtype"] = wd
+            vals["gpu_weight_dtype"] = WEIGHT_DTYPE_ALIASES.get(wd, wd)
         return cls(**vals)
+
+    def __post_init__(self):
+        """Refuses what no plan can mean, whether or not a GPU is asked for (nothing is accepted and ignored)."""
+        from offload.devices import normalize_device
+        if self.max_model_len_set is None:
+            object.__setattr__(self, "max_model_len_set", self.max_model_len is not None)
+        n = self.n_gpu_layers
+        if n not in ("auto", "all") and not n.isdigit():
+            raise ValueError(f"n_gpu_layers must be a number >= 0, 'auto' or 'all', got {n!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if not 0 <= self.cpu_offload_gb < math.inf:
+            raise ValueError(f"cpu_offload_gb must be a number of GiB >= 0, got {self.cpu_offload_gb}")
+        if isinstance(self.num_cpu_blocks, bool) or not isinstance(self.num_cpu_blocks, numbers.Integral) \
+                or self.num_cpu_blocks < 0:
+            raise ValueError(f"num_cpu_blocks must be a whole number >= 0, got {self.num_cpu_blocks!r}")
+        if self.gpu_weight_dtype not in ("auto", "packed", "float32", "float16", "bfloat16"):
+            raise ValueError(f"gpu_weight_dtype must be auto, packed, float32, float16 or bfloat16, "
+                             f"got {self.gpu_weight_dtype!r}")
+        if self.gpu_device is not None and not re.match(r"^(torch-cpu|mps|(cuda|xpu):\d+)$",
+                                                        normalize_device(str(self.gpu_device))):
+            raise ValueError(f"gpu_device {self.gpu_device!r} is not a device name (cuda:0, rocm:0, xpu:0, mps, or "
+                             "cpu for torch's CPU device)")
 
     def wants_gpu(self) -> bool:
         """Whether anything is asked to run on a GPU (else the plan is all-CPU and no torch is touched)."""
-        if self.n_gpu_layers not in ("0", "none", ""):
+        if self.n_gpu_layers != "0":
             return True
         return any(dev != "cpu" for _, dev in self.override_tensor)
 

@@ -5,11 +5,17 @@ Rules (llama.cpp's and vLLM's, where they have one):
 - --n-gpu-layers N puts the last N layers on the GPU (the hidden state crosses once, and the output
   matrix can follow); N > num_layers or `all` moves the output matrix too. The embedding stays in RAM
   (a lookup reads one row per token).
-- `auto` first reserves the KV of max_model_len x max_num_seqs tokens (capped by the engine's pool)
-  for every GPU layer, then fits: everything; else for MoE models all layers with the routed experts in
-  RAM (then experts back onto the GPU from the last layer while they fit); else as many last layers
-  as fit. With --gpu-weight-dtype auto, weights are placed packed (GGUF blocks) first, then layers are
-  dequantized once to the compute dtype, output matrix first, while the budget allows.
+- `auto` places layers first (llama.cpp's --fit order: the context shrinks before layers leave the GPU),
+  keeping room for the KV of one request of --max-model-len (when it was not given: at most 4096
+  tokens, llama.cpp's --fit minimum). It fits: everything; else for MoE models all layers with the
+  routed experts in RAM (then experts back onto the GPU from the last layer while they fit); else as
+  many last layers as fit. The KV then takes what is left, up to max_model_len x max_num_seqs tokens,
+  so more RAM never means fewer GPU layers. With --gpu-weight-dtype auto, weights are placed packed
+  (GGUF blocks) first, then layers are dequantized once to the compute dtype, output matrix first, while
+  the whole wanted KV still fits.
+- KV blocks: what requests can use (max_model_len x max_num_seqs); the KV kept in RAM (CPU layers,
+  --kv-offload, GPUs sharing the host's memory) within kv_cache_memory or a share of the free RAM, the
+  KV on a discrete GPU within the room its layers leave.
 - --cpu-offload-gb X (vLLM's): the first GPU layers, up to X GiB of weights, stay in RAM and are copied
   to the GPU at every step; in `auto` they let more layers compute on the GPU.
 - budget = gpu_memory_utilization x total - memory used by others (vLLM's reading); on a GPU that
@@ -17,15 +23,14 @@ Rules (llama.cpp's and vLLM's, where they have one):
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import replace
 
 from offload.devices import Devices
 from offload.meta import ModelMeta
 from offload.plan_types import GIB, DeviceUsage, KVPlan, LayerPlan, PlacementPlan, PlanOptions, gib
-from engine.core.kv_spec import KV_RAM_FRACTION, kv_storage_dtype
-from offload.sizes import DTYPE_BYTES, SizeModel, _Choice, layers_text
+from engine.core.kv_spec import kv_storage_dtype
+from offload.sizes import DTYPE_BYTES, FIT_MIN_TOKENS, SizeModel, _Choice, layers_text
 
 
 def plan(model_meta: ModelMeta, devices: Devices, args=None, **overrides) -> PlacementPlan:
@@ -57,9 +62,12 @@ class _Planner(SizeModel):
             self.budget = 0
             self.compute_dtype = "float32"
             return
+        if g.name in d.absent and o.wants_gpu():
+            raise ValueError(f"{g.name} is described in {d.source}, but torch does not see it on this machine: a "
+                             "devices file can resize this machine's devices, not add one (--gpu-device cpu runs "
+                             "the GPU path on torch's CPU device; `ramlm plan --devices-file` plans for another "
+                             "machine)")
         util = o.gpu_memory_utilization
-        if not 0 < util <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util}")
         if g.kind == "torch-cpu":
             self.budget = int(g.free_bytes * util)
             how = f"{util:.2f} x {gib(g.free_bytes)} of RAM available"
@@ -81,48 +89,33 @@ class _Planner(SizeModel):
         self.reasons.append(f"GPU {g.name}{desc}: {gib(g.total_bytes)}, {gib(g.free_bytes)} free, {mem}; "
                             f"budget {gib(self.budget)} = {how}; computes in {self.compute_dtype}")
 
-    def kv_wanted(self) -> tuple[int, str]:
-        o, m = self.o, self.m
-        self.max_model_len = o.max_model_len or m.max_position_embeddings
-        useful = o.max_num_seqs * math.ceil(self.max_model_len / o.block_size) + 1
-        if o.num_gpu_blocks_override:
-            return int(o.num_gpu_blocks_override), "num_gpu_blocks_override"
-        pool = o.kv_pool_blocks
-        if pool is None:
-            if o.kv_cache_memory is not None:
-                budget = int(o.kv_cache_memory * GIB)
-            else:
-                budget = int(max(self.ram.free_bytes - m.total_bytes, 1 << 28) * KV_RAM_FRACTION)
-            pool = budget // (self.block_layer_bytes * self.L)
-        if useful <= pool:
-            return useful, f"max_model_len {self.max_model_len} x max_num_seqs {o.max_num_seqs}"
-        return int(pool), "the engine's KV pool (kv_cache_memory or RAM)"
-
     def run(self) -> PlacementPlan:
         o = self.o
         self.pick_gpu()
-        blocks, why = self.kv_wanted()
         self.reasons.insert(0, f"model {self.m.name} ({self.m.arch}, {self.L} layers"
                                f"{', MoE' if self.m.is_moe else ''}): {gib(self.m.total_bytes)} of weights as stored")
         cpu_only = [_Choice("cpu", "packed") for _ in range(self.L)]
         if not o.wants_gpu():
             self.reasons.append("n_gpu_layers 0: every layer runs on the CPU (Numba kernels, weights in RAM)")
-            return self.finish(cpu_only, False, "native", blocks, why)
+            return self.finish(cpu_only, False, "native", *self.kv_wanted(cpu_only))
         if self.gpu is None:
             msg = "no GPU found: every layer runs on the CPU"
             (self.reasons if o.n_gpu_layers == "auto" else self.warnings).append(msg)
-            return self.finish(cpu_only, False, "native", blocks, why)
+            return self.finish(cpu_only, False, "native", *self.kv_wanted(cpu_only))
         fmt0 = "packed" if o.gpu_weight_dtype == "auto" else o.gpu_weight_dtype
         if o.n_gpu_layers == "auto":
-            choices, out_gpu = self.auto(fmt0, blocks)
+            choices, out_gpu = self.auto(fmt0)
         else:
-            choices, out_gpu = self.explicit(fmt0, blocks)
+            choices, out_gpu = self.explicit(fmt0)
+        wanted, why = self.kv_wanted(choices)
         out_fmt = fmt0 if out_gpu else "native"
         if o.gpu_weight_dtype == "auto" and (out_gpu or any(c.device == "gpu" for c in choices)):
-            fmt = self.upgrade(choices, out_gpu, blocks)
+            fmt = self.upgrade(choices, out_gpu, wanted)
             out_fmt = fmt if out_gpu else out_fmt
         self.stream_reason(choices)
-        blocks, why = self.fit_kv(choices, out_gpu, out_fmt, blocks, why)
+        blocks, why = self.fit_kv(choices, out_gpu, out_fmt, wanted, why)
+        if o.n_gpu_layers == "auto" and blocks < wanted:
+            self.trade_reason(fmt0, blocks, wanted)
         self.check_pointless(choices, out_gpu, fmt0, blocks)
         return self.finish(choices, out_gpu, out_fmt, blocks, why)
 
@@ -130,16 +123,35 @@ class _Planner(SizeModel):
         return [_Choice("gpu" if i >= self.L - n else "cpu", fmt, False, exps_cpu and i >= self.L - n)
                 for i in range(self.L)]
 
-    def auto(self, fmt0: str, blocks: int) -> tuple[list[_Choice], bool]:
+    def auto(self, fmt0: str) -> tuple[list[_Choice], bool]:
+        """Layers first, with room for the KV floor (llama.cpp's --fit order: the context shrinks before layers
+        leave the GPU); fit_kv then gives the KV what is left, up to what requests can use."""
+        g, bs = self.gpu.name, self.o.block_size
+        o = self.o
+        if o.kv_offload:
+            self.reasons.append("auto: --kv-offload keeps the KV in RAM: the GPU budget goes to weights")
+        elif o.num_gpu_blocks_override:
+            self.reasons.append(f"auto: keeps room on {g} for num_gpu_blocks_override {self.floor_blocks} blocks, "
+                                "then places layers")
+        else:
+            floor = ("one request of --max-model-len" if o.max_model_len_set else
+                     f"--max-model-len unset: at most {FIT_MIN_TOKENS}, llama.cpp's --fit minimum")
+            self.reasons.append(f"auto: places layers first, keeping room on {g} for the KV of "
+                                f"{(self.floor_blocks - 1) * bs} tokens ({floor}); the KV then takes what is left, "
+                                f"up to max_model_len {self.max_model_len} x max_num_seqs {o.max_num_seqs} = "
+                                f"{self.max_model_len * o.max_num_seqs} tokens")
+        choices, out_gpu, text = self.choose(fmt0, self.floor_blocks)
+        self.reasons.append("auto: " + text)
+        return choices, out_gpu
+
+    def choose(self, fmt0: str, blocks: int) -> tuple[list[_Choice], bool, str]:
+        """The most of the model that fits beside `blocks` KV blocks: everything; else (MoE) all layers with
+        routed experts in RAM, then experts back from the last layer while they fit; else the last layers.
+        Returns (choices, output on GPU, what was chosen)."""
         L, g = self.L, self.gpu.name
-        per_tok = self.block_layer_bytes / self.o.block_size
-        self.reasons.append(f"auto: reserves KV for {blocks * self.o.block_size} tokens per GPU layer "
-                            f"({per_tok / 1024:.1f} KiB per token per layer), then fits weights; "
-                            "lower --max-model-len or --max-num-seqs to fit more layers")
         every = self.layers_on(L, fmt0, False)
         if self.fits(every, True, fmt0, blocks):
-            self.reasons.append(f"auto: all {L} layers and the output matrix fit on {g}")
-            return every, True
+            return every, True, f"all {L} layers and the output matrix fit on {g}" + self.override_text(every)
         if self.m.is_moe:
             c = self.layers_on(L, fmt0, True)
             if self.fits(c, True, fmt0, blocks):
@@ -151,11 +163,11 @@ class _Planner(SizeModel):
                         break
                     back.append(i)
                 kept = [i for i in range(L) if c[i].exps_cpu]
-                self.reasons.append(f"auto: attention, router and norms of all {L} layers on {g}; routed experts of "
-                                    f"{layers_text(kept)} in RAM (a token reads {self.m.num_experts_per_tok} of "
-                                    f"{self.m.num_experts} experts, so RAM bandwidth serves them best)"
-                                    + (f"; experts of {layers_text(back)} fit on {g}" if back else ""))
-                return c, True
+                return c, True, (f"attention and norms of all {L} layers and the output matrix on {g}; routed "
+                                 f"experts (with their router) of {layers_text(kept)} in RAM (a token reads "
+                                 f"{self.m.num_experts_per_tok} of {self.m.num_experts} experts, so RAM bandwidth "
+                                 "serves them best)" + (f"; experts of {layers_text(back)} fit on {g}" if back else "")
+                                 + self.override_text(c))
         for n in range(L, -1, -1):
             c = self.layers_on(n, fmt0, self.m.is_moe)
             self.mark_streamed(c)  # --cpu-offload-gb: the lowest GPU layers need no room for weights
@@ -163,30 +175,34 @@ class _Planner(SizeModel):
                 break
         if n == 0:
             one = self.gpu_need(self.layers_on(1, fmt0, self.m.is_moe), False, fmt0, blocks)
-            self.reasons.append(f"auto: not even one layer fits on {g} (one needs {gib(one.total)} with its KV and "
-                                f"work buffers; budget {gib(self.budget)}): every layer runs on the CPU")
-        else:
-            self.reasons.append(f"auto: the last {n} of {L} layers fit on {g}"
-                                + (" (routed experts in RAM)" if self.m.is_moe else "")
-                                + "; the output matrix stays in RAM (it follows only when every layer fits)")
-        return c, False
+            return c, False, (f"not even one layer fits on {g} (one needs {gib(one.total)} with its KV and work "
+                              f"buffers; budget {gib(self.budget)}): every layer runs on the CPU")
+        return c, False, (f"the last {n} of {L} layers fit on {g}" + (" (routed experts in RAM)" if self.m.is_moe
+                                                                    else "")
+                          + "; the output matrix stays in RAM (it follows only when every layer fits)"
+                          + self.override_text(c))
 
-    def explicit(self, fmt0: str, blocks: int) -> tuple[list[_Choice], bool]:
+    def trade_reason(self, fmt0: str, blocks: int, wanted: int) -> None:
+        """What `auto` traded: the KV it gave up to keep layers on the GPU."""
+        bs, g = self.o.block_size, self.gpu.name
+        alt, alt_out, _ = self.choose(fmt0, wanted)
+        n = sum(c.device == "gpu" for c in alt)
+        exps = sum(self.unit_device("moe", ts["moe"], c) == "gpu" for c, ts in zip(alt, self.units) if "moe" in ts)
+        kept = (f"{n} of {self.L} layers" + (f" ({exps} with their experts)" if n and exps < n and self.m.is_moe
+                                             and any(c.exps_cpu for c in alt) else "")
+                + (" and the output matrix" if alt_out else ""))
+        self.reasons.append(f"auto: traded KV for layers: the KV holds {(blocks - 1) * bs} of the "
+                            f"{(wanted - 1) * bs} tokens wanted; room for all of them would have left {kept} on {g}")
+
+    def explicit(self, fmt0: str) -> tuple[list[_Choice], bool]:
         L, s = self.L, self.o.n_gpu_layers
-        if s == "all":
-            n = L + 1
-        else:
-            try:
-                n = int(s)
-            except ValueError:
-                raise ValueError(f"n_gpu_layers must be a number, 'auto' or 'all', got {s!r}") from None
-            if n < 0:
-                raise ValueError(f"n_gpu_layers must be >= 0, got {n}")
+        n = L + 1 if s == "all" else int(s)  # PlanOptions checked the spelling
         choices, out_gpu = self.layers_on(min(n, L), fmt0, False), n > L
         where = layers_text([i for i in range(L) if choices[i].device == "gpu"]) if n else "no layer"
         last = " (the last ones, as llama.cpp)" if 0 < n < L else ""
         self.reasons.append(f"n_gpu_layers {s}: {where} on {self.gpu.name}{last}, "
-                            f"output matrix {'on ' + self.gpu.name if out_gpu else 'in RAM (needs > ' + str(L) + ')'}")
+                            f"output matrix {'on ' + self.gpu.name if out_gpu else 'in RAM (needs > ' + str(L) + ')'}"
+                            + self.override_text(choices))
         self.mark_streamed(choices)
         return choices, out_gpu
 
@@ -259,9 +275,11 @@ class _Planner(SizeModel):
         if fit < 2:
             raise ValueError(f"n_gpu_layers {self.o.n_gpu_layers}: no room left on {g} for KV blocks "
                              f"({gib(self.budget - need.total)} after weights); use fewer layers or --kv-offload")
-        if fit * self.o.block_size < self.max_model_len:
-            self.warnings.append(f"the KV on {g} holds {fit * self.o.block_size} tokens, less than max_model_len "
-                                 f"{self.max_model_len}: lower --n-gpu-layers, or use --kv-offload")
+        if (fit - 1) * self.o.block_size < self.max_model_len:
+            fix = ("--max-model-len N keeps room for one request of N tokens" if self.o.n_gpu_layers == "auto"
+                   else "lower --n-gpu-layers, or use --kv-offload")
+            self.warnings.append(f"the KV on {g} holds {(fit - 1) * self.o.block_size} tokens, less than "
+                                 f"max_model_len {self.max_model_len}: a request that long cannot run; {fix}")
         return int(fit), f"room left on {g} after the weights"
 
     def check_pointless(self, choices, out_gpu, fmt0, blocks) -> None:

@@ -1,7 +1,7 @@
 """The size model behind the planner: what each placement of each tensor costs on each device.
 
-Bytes on a GPU: packed GGUF blocks as stored, or numel x the dtype dequantized to; norms and biases in
-float32. KV: 2 (K and V) x block_size x kv heads x head_dim x the KV dtype per block per layer. Work:
+Bytes on a GPU: packed GGUF blocks as stored, or numel x the dtype dequantized to; norms, biases and MoE
+routers in float32. KV: 2 (K and V) x block_size x kv heads x head_dim x the KV dtype per block per layer. Work:
 activations of max_num_batched_tokens rows, attention scratch, dequantization tiles, staging for
 streamed layers and the logits of the rows that sample. Margin: the runtime's own (CUDA context).
 """
@@ -10,10 +10,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine.core.kv_spec import bytes_per_block_per_layer
+import math
+
+from engine.core.kv_spec import KV_RAM_FRACTION, bytes_per_block_per_layer
 from offload.devices import Devices, DeviceInfo
 from offload.meta import ModelMeta, TensorMeta
-from offload.plan_types import DeviceUsage, PlanOptions
+from offload.plan_types import GIB, DeviceUsage, PlanOptions, gib
 
 MIB = 1 << 20
 # Types gpu_kernels/dequant.py can keep packed on a device (a test checks the two agree).
@@ -21,6 +23,8 @@ DEVICE_PACKED_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "
                                  "Q4_K", "Q5_K", "Q6_K"})
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 ATTN_SCRATCH = 256 * MIB   # gpu_kernels.attention.SCRATCH_BYTES
+# llama.cpp's --fit-ctx default: the least context `auto` keeps room for when --max-model-len was not chosen.
+FIT_MIN_TOKENS = 4096
 PACKED_TILE_WORK = 128 * MIB  # dequantization temporaries of one tile on the packed path
 
 
@@ -50,6 +54,10 @@ def layers_text(ix: list[int]) -> str:
     return f"layer {ix[0]}" if len(ix) == 1 else f"layers {ranges(ix)}"
 
 
+def is_router(t: TensorMeta) -> bool:
+    return ".ffn_gate_inp." in t.name
+
+
 def _unit(t: TensorMeta) -> str:
     """Tensors that move together: one matrix (+ its bias), a layer's MoE (router + experts), its norms."""
     leaf = t.name.split(".")[2] if t.layer is not None else t.name.rsplit(".", 1)[0]
@@ -76,6 +84,45 @@ class SizeModel:
         self.block_layer_bytes = bytes_per_block_per_layer(o.block_size, meta.num_kv_heads, meta.head_dim,
                                                            o.kv_cache_dtype)
         self.ignore_rules = False
+        self._layer_bytes: dict[tuple, tuple[int, int, int]] = {}
+        # KV blocks (the null block included) that requests can use at once, and the least `auto` keeps room for.
+        self.max_model_len = o.max_model_len or meta.max_position_embeddings
+        self.need_blocks = o.max_num_seqs * math.ceil(self.max_model_len / o.block_size) + 1
+        self.floor_tokens = self.max_model_len if o.max_model_len_set else min(self.max_model_len, FIT_MIN_TOKENS)
+        self.floor_blocks = min(self.need_blocks, math.ceil(self.floor_tokens / o.block_size) + 1)
+        if o.num_gpu_blocks_override:
+            self.need_blocks = self.floor_blocks = int(o.num_gpu_blocks_override)
+
+    # ------------------------------------------------------------ KV
+    def ram_kv_budget(self) -> tuple[int, str]:
+        """Bytes of RAM the KV may take, and what set them."""
+        o, m = self.o, self.m
+        if o.kv_pool_blocks is not None:
+            return (o.kv_pool_blocks * self.block_layer_bytes * self.L,
+                    "the engine's KV pool (kv_cache_memory, else a share of the RAM left after the weights)")
+        if o.kv_cache_memory is not None:
+            return int(o.kv_cache_memory * GIB), f"kv_cache_memory {o.kv_cache_memory:g} GiB"
+        return (int(max(self.ram.free_bytes - m.total_bytes, 1 << 28) * KV_RAM_FRACTION),
+                f"{KV_RAM_FRACTION:.0%} of the RAM left after the weights")
+
+    def host_kv_layers(self, choices: list[_Choice]) -> int:
+        """Layers whose KV sits in host RAM: CPU layers, GPU layers with --kv-offload, all of them when the
+        GPU's memory is the host's (torch's CPU device, APUs)."""
+        shared = self.gpu is not None and self.gpu.shared_with_host
+        return sum(c.device == "cpu" or self.o.kv_offload or shared for c in choices)
+
+    def kv_wanted(self, choices: list[_Choice]) -> tuple[int, str]:
+        """KV blocks these choices want: what requests can use (max_model_len x max_num_seqs), within the RAM
+        budget for the layers whose KV lives in RAM; a discrete GPU's KV is bounded by its room (fit_kv).
+        Returns (blocks, why)."""
+        o = self.o
+        if o.num_gpu_blocks_override:
+            return self.need_blocks, "num_gpu_blocks_override"
+        host = self.host_kv_layers(choices)
+        budget, what = self.ram_kv_budget()
+        if host and budget // (self.block_layer_bytes * host) < self.need_blocks:
+            return int(budget // (self.block_layer_bytes * host)), f"{what}: {gib(budget)} for {host} layer(s)"
+        return self.need_blocks, f"max_model_len {self.max_model_len} x max_num_seqs {o.max_num_seqs}"
 
     # ------------------------------------------------------------ sizes
     def _layer_units(self, i: int) -> dict[str, list[TensorMeta]]:
@@ -104,25 +151,49 @@ class SizeModel:
             return "cpu"
         return c.device
 
+    def override_text(self, choices: list[_Choice]) -> str:
+        """"; --override-tensor keeps the routed experts (with their router) of layers 0-47 (16.35 GiB) in RAM",
+        or "" when no rule moves a tensor of a layer off that layer's device."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        nbytes: dict[tuple[str, str], int] = {}
+        for i, c in enumerate(choices):
+            for unit, ts in self.units[i].items():
+                r = self.rule([t.name for t in ts]) if unit != "norm" else None
+                if r is None or r == c.device or (r == "gpu" and self.gpu is None):
+                    continue
+                key = ("routed experts (with their router)" if unit == "moe" else unit, r)
+                groups.setdefault(key, []).append(i)
+                nbytes[key] = nbytes.get(key, 0) + sum(t.nbytes for t in ts)
+        parts = [f"{what} of {layers_text(ix)} ({gib(nbytes[(what, d)])}) "
+                 f"{'in RAM' if d == 'cpu' else 'on ' + self.gpu.name}" for (what, d), ix in groups.items()]
+        return "; --override-tensor keeps the " + ", the ".join(parts) if parts else ""
+
     def dev_bytes(self, t: TensorMeta, fmt: str) -> int:
-        if not t.is_matrix:
-            return t.numel * 4
+        if not t.is_matrix or is_router(t):
+            return t.numel * 4  # norms, biases and MoE routers go to the device in float32 (offload/convert.py)
         if fmt == "packed" and t.ggml_type in DEVICE_PACKED_TYPES:
             return t.nbytes
         return t.numel * DTYPE_BYTES.get(fmt, DTYPE_BYTES[self.compute_dtype])
 
     def layer_bytes(self, i: int, c: _Choice) -> tuple[int, int, int]:
         """(RAM, GPU, streamed) bytes of layer i's weights under choice c."""
+        key = (i, c.device, c.fmt, c.streamed, c.exps_cpu, self.ignore_rules)
+        if key not in self._layer_bytes:  # `auto` asks for the same layers many times over
+            self._layer_bytes[key] = self._count_layer_bytes(i, c)
+        return self._layer_bytes[key]
+
+    def _count_layer_bytes(self, i: int, c: _Choice) -> tuple[int, int, int]:
         ram = gpu = streamed = 0
         for unit, ts in self.units[i].items():
             if self.unit_device(unit, ts, c) == "cpu":
                 ram += sum(t.nbytes for t in ts)
             else:
-                b = sum(self.dev_bytes(t, c.fmt) for t in ts)
-                if c.streamed:
-                    streamed += b
-                else:
-                    gpu += b
+                for t in ts:
+                    b = self.dev_bytes(t, c.fmt)
+                    if c.streamed and not is_router(t):  # the router is copied once, not streamed
+                        streamed += b
+                    else:
+                        gpu += b
         return ram, gpu, streamed
 
     def output_tensors(self) -> tuple[TensorMeta, TensorMeta | None]:

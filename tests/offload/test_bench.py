@@ -15,20 +15,44 @@ def test_sweep_prints_a_table_and_a_recommendation(tmp_path, capsys):
     folder = tmp_path / "llama"
     tiny_model("llama").save_pretrained(folder, safe_serialization=True)
     bench_offload.main([str(folder), "--device", "cpu", "--layers", "0,1,all", "--kv", "gpu,ram", "--batch", "1,2",
-                        "--prompt-tokens", "8", "--gen-tokens", "2", "--budget", "1", "--no-json"])
+                        "--prompt-tokens", "8", "--gen-tokens", "2", "--repeat", "1", "--budget", "1", "--no-json"])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.strip().startswith(("0 ", "1 ", "all "))]
     assert len(rows) == 2 * (1 + 2 + 2)  # batch sizes x (CPU only, 1 layer x KV gpu/ram, all x KV gpu/ram)
-    assert "recommended for 1 GiB: --n-gpu-layers" in out
+    assert "recommended within --budget 1 GiB: --n-gpu-layers" in out
+
+
+def test_each_placement_is_timed_repeatedly_and_recommended_without_a_budget(tiny_llama, tmp_path, capsys):
+    """Was: one timed run per placement (2-7x apart between runs) and no recommendation without --budget."""
+    out = tmp_path / "sweep.json"
+    bench_offload.main([tiny_llama, "--device", "cpu", "--layers", "0,all", "--kv", "gpu", "--batch", "1",
+                        "--prompt-tokens", "8", "--gen-tokens", "2", "--repeat", "3", "--out", str(out), "--no-chart"])
+    text = capsys.readouterr().out
+    figures = json.loads(out.read_text())["figures"]
+    for r in figures["rows"]:
+        assert r["repeat"] == 3
+        for kind in ("prefill", "decode"):
+            assert 0 < r[f"{kind}_tok_s_min"] <= r[f"{kind}_tok_s"] <= r[f"{kind}_tok_s_max"]
+        assert f"{r['decode_tok_s']:.2f} [{r['decode_tok_s_min']:.2f}-{r['decode_tok_s_max']:.2f}]" in text
+    rec = figures["recommendation"]  # no --budget: the planner's budget of torch's CPU device
+    best = max(figures["rows"], key=lambda r: (r["decode_tok_s"], r["prefill_tok_s"]))
+    assert rec["budget_source"].startswith("the planned budget of the GPU swept") and rec["budget_bytes"] > 0
+    assert (rec["n_gpu_layers"], rec["decode_tok_s"]) == (best["n_gpu_layers"], best["decode_tok_s"])
+    assert f"recommended within the planned budget of the GPU swept ({rec['budget_bytes'] / (1 << 30):.2f} GiB)" in text
+    with pytest.raises(ValueError, match="--repeat must be >= 1"):
+        bench_offload.main([tiny_llama, "--device", "cpu", "--repeat", "0"])
 
 
 def test_recommendation_picks_the_fastest_fit():
     rows = [dict(batch=1, n_gpu_layers=n, kv=kv, decode_tok_s=d, prefill_tok_s=10.0, gpu_peak_bytes=g << 30,
-                 gpu_planned_bytes=0) for n, kv, d, g in (("0", "gpu", 5.0, 0), ("16", "gpu", 9.0, 5),
-                                                          ("32", "gpu", 20.0, 9), ("32", "ram", 12.0, 7))]
+                 gpu_planned_bytes=0, gpu_budget_bytes=b << 30)
+            for n, kv, d, g, b in (("0", "gpu", 5.0, 0, 0), ("16", "gpu", 9.0, 5, 6), ("32", "gpu", 20.0, 9, 6),
+                                   ("32", "ram", 12.0, 7, 6))]
     rec = bench_offload.recommend(rows, 8)
     assert (rec["n_gpu_layers"], rec["kv_offload"]) == ("32", True)
-    assert bench_offload.recommend(rows, None) is None
+    rec = bench_offload.recommend(rows)  # the planner's 6 GiB
+    assert (rec["n_gpu_layers"], rec["kv_offload"], rec["budget_bytes"]) == ("16", False, 6 << 30)
+    assert bench_offload.recommend([]) is None
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +65,7 @@ def tiny_llama(tmp_path_factory):
 def sweep(folder, out) -> None:
     """Two placements (all on the CPU; every layer and the KV on torch's device), batch 1."""
     bench_offload.main([folder, "--device", "cpu", "--layers", "0,all", "--kv", "gpu", "--batch", "1",
-                        "--prompt-tokens", "8", "--gen-tokens", "2", "--out", str(out)])
+                        "--prompt-tokens", "8", "--gen-tokens", "2", "--repeat", "1", "--out", str(out)])
 
 
 def test_sweep_draws_a_png_next_to_the_json(tiny_llama, tmp_path):

@@ -36,7 +36,7 @@ def test_description_file(tmp_path):
     desc = {"ram": {"total_gib": 64, "available_bytes": 50 * GIB},
             "gpus": [{"name": "CUDA1", "total_gib": 24, "free_gib": 20, "compute_capability": "8.6"},
                      {"name": "mps", "kind": "mps", "total_gib": 48, "shared_with_host": True}]}
-    d = load_devices(write_devices(tmp_path, desc))
+    d = load_devices(write_devices(tmp_path, desc), on_this_machine=False)
     assert d.ram.total_bytes == 64 * GIB and d.ram.free_bytes == 50 * GIB
     a, b = d.gpus
     assert (a.name, a.kind, a.free_bytes, a.supports_bf16()) == ("cuda:1", "cuda", 20 * GIB, True)
