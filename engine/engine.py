@@ -57,6 +57,7 @@ class LLMEngine:
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
         self.sampler = Sampler(self.eos_token_ids, seed=args.seed)
         self.parents: dict[str, ParentState] = {}
+        self._fanning: dict[str, ParentState] = {}  # parents with completions still to create, oldest first
         self.children: dict[str, ChildState] = {}
         self._child_parent: dict[str, str] = {}
         self._ids = itertools.count()
@@ -142,17 +143,21 @@ class LLMEngine:
 
     def _fan_out(self, parent: Optional[ParentState] = None) -> None:
         """Creates pending completions while fewer than max_num_seqs requests wait to be scheduled."""
-        parents = [parent] if parent is not None else [p for p in self.parents.values() if p.num_pending_children]
+        if parent is not None and parent.num_pending_children:
+            self._fanning[parent.request_id] = parent
         room = self.scheduler.max_num_seqs - self.scheduler.num_waiting
-        for p in parents:
+        for pid, p in list(self._fanning.items()):
             while p.num_pending_children and room > 0:
                 self._admit(p, self._make_child(p, len(p.children)))
                 room -= 1
+            if not p.num_pending_children or pid not in self.parents:
+                del self._fanning[pid]
 
     def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         for rid in ids:
             parent = self.parents.pop(rid, None)
+            self._fanning.pop(rid, None)
             if parent is None:
                 continue
             for c in parent.children:
