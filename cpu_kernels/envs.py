@@ -40,6 +40,7 @@ VARIABLES: dict[str, Var] = {
                               "bf16 SDPA on or off; default: on where the CPU has AMX"),
     "RAMLM_TRITON": Var(True, _flag, "`0`: GPU layers run torch only, no Triton kernels"),
     "RAMLM_API_KEY": Var(None, str, "the key `ramlm serve` requires when --api-key is not given"),
+    "RAMLM_MAX_N_SEQUENCES": Var(16384, int, "the largest `n` a request may ask for (vLLM's VLLM_MAX_N_SEQUENCES)"),
 }
 
 

@@ -7,8 +7,10 @@ and returns at once (it is called from `finally` blocks and cancellations). The 
 commands between steps, steps while requests exist and sleeps on an event otherwise. Outputs go to
 a per-request asyncio.Queue through loop.call_soon_threadsafe.
 
-A step that raises fails every live request with EngineStepError (their blocks are freed by the
-aborts) and the loop goes on serving new requests.
+A request that fails inside a step (LLMEngine.step raises RequestsFailed naming it) gets EngineStepError
+and the step's other requests go on; a step failure that names no request fails every live request. Either
+way the failed requests' blocks are freed, the exception goes to the log with their ids, and the loop goes
+on serving.
 """
 from __future__ import annotations
 
@@ -20,14 +22,23 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Optional
 
+from engine.errors import RequestsFailed
 from engine.outputs import RequestOutput
+from engine.request_stream import RequestStream
 from engine.sample.sampling import SamplingParams
 
 logger = logging.getLogger("ramlm.async_engine")
 
 
 class EngineStepError(RuntimeError):
-    """The engine step that was running this request failed; the request was aborted."""
+    """The engine step that was running this request failed; the request was aborted.
+
+    The message names the request only: what went wrong is in the server log, under the request id.
+    """
+
+    def __init__(self, request_id: str):
+        super().__init__(f"the engine failed while running request {request_id}")
+        self.request_id = request_id
 
 
 class EngineDeadError(RuntimeError):
@@ -50,61 +61,6 @@ class EngineSnapshot:
     num_swapped: int = 0
     cpu_kv_cache_usage: float = 0.0
     num_step_errors: int = 0
-
-
-class RequestStream:
-    """Async iterator over one request's cumulative RequestOutputs.
-
-    Outputs that queue up while the consumer is busy are coalesced into the latest one (they are
-    cumulative, so nothing is lost). Cancelling the consumer, or calling abort(), aborts the request.
-    """
-
-    def __init__(self, request_id: str, engine: "AsyncLLMEngine", loop: asyncio.AbstractEventLoop):
-        self.request_id = request_id
-        self._engine = engine
-        self._loop = loop
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self.finished = False  # the consumer has seen the last output (or an error, or aborted)
-        # Engine-thread timing, for the TTFT / TPOT histograms.
-        self.arrival = time.monotonic()
-        self.first_token_time: Optional[float] = None
-
-    # Engine thread side.
-    def _put(self, item: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # the consumer's loop is closed (shutdown): nobody is listening
-            pass
-
-    # Consumer side.
-    def __aiter__(self) -> "RequestStream":
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished:
-            raise StopAsyncIteration
-        try:
-            item = await self._queue.get()
-        except asyncio.CancelledError:
-            self.abort()
-            raise
-        while not isinstance(item, BaseException) and not self._queue.empty():
-            item = self._queue.get_nowait()
-        if isinstance(item, BaseException):
-            self.finished = True
-            raise item
-        if item.finished:
-            self.finished = True
-        return item
-
-    def abort(self) -> None:
-        """Aborts the request unless it already finished; safe to call any number of times."""
-        if not self.finished:
-            self.finished = True
-            self._engine.abort(self.request_id)
-
-    async def aclose(self) -> None:
-        self.abort()
 
 
 @dataclass
@@ -148,7 +104,6 @@ class AsyncLLMEngine:
         self._streams: dict[str, RequestStream] = {}  # engine thread only
         self._thread: Optional[threading.Thread] = None
         self.snapshot = EngineSnapshot()
-        self.last_error: Optional[str] = None
 
     @classmethod
     def build(cls, make_engine: Callable[[], Any], **kw) -> "AsyncLLMEngine":
@@ -192,6 +147,11 @@ class AsyncLLMEngine:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """LLMEngine.validate_request on the caller's thread (it reads only what never changes after load):
+        every admission check, before anything is queued. Raises ValueError / TypeError."""
+        self.engine.validate_request(prompt_token_ids, params)
 
     # ---- lifecycle ----
     def start(self) -> "AsyncLLMEngine":
@@ -273,12 +233,12 @@ class AsyncLLMEngine:
                     self._update_snapshot()
                     self._wake.wait(timeout=1.0)
                     self._wake.clear()
-            except Exception as e:  # a bug outside step: fail what is live, keep the thread alive
-                logger.exception("engine loop error")
-                self._fail_all(EngineStepError(f"engine error: {e!r}"))
+            except Exception:  # a bug outside step: fail what is live, keep the thread alive
+                logger.exception("engine loop error; failing the live requests %s", ", ".join(self._streams))
+                self._fail_all(EngineStepError)
                 time.sleep(0.01)
         self._drain_commands()
-        self._fail_all(EngineDeadError("the engine was shut down"))
+        self._fail_all(lambda rid: EngineDeadError("the engine was shut down"))
 
     def _drain_commands(self) -> None:
         while self._commands:
@@ -315,11 +275,16 @@ class AsyncLLMEngine:
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
-        except Exception as e:
-            logger.exception("engine step failed; failing the live requests")
+        except RequestsFailed as e:
             self.snapshot.num_step_errors += 1
-            self.last_error = repr(e)
-            self._fail_all(EngineStepError(f"the engine step failed: {e!r}"))
+            for rid, error in e.failures.items():
+                logger.error("request %s failed in an engine step; aborted", rid, exc_info=error)
+                self._fail_one(rid)
+            outputs = e.outputs
+        except Exception:
+            logger.exception("engine step failed; failing the live requests %s", ", ".join(self._streams))
+            self.snapshot.num_step_errors += 1
+            self._fail_all(EngineStepError)
             return
         now = time.monotonic()
         for out in outputs:
@@ -344,7 +309,15 @@ class AsyncLLMEngine:
             except Exception:
                 logger.exception("metrics hook failed")
 
-    def _fail_all(self, error: BaseException) -> None:
+    def _fail_one(self, request_id: str) -> None:
+        """A request the engine already aborted: its stream ends with EngineStepError."""
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            self._hook(self.hooks.on_aborted)
+            stream._put(EngineStepError(request_id))
+
+    def _fail_all(self, make_error: Callable[[str], BaseException]) -> None:
+        """Aborts every live request; each stream ends with make_error(request_id)."""
         ids = list(self._streams)
         for rid in ids:
             stream = self._streams.pop(rid)
@@ -353,7 +326,7 @@ class AsyncLLMEngine:
             except Exception:
                 logger.exception("abort of %s failed", rid)
             self._hook(self.hooks.on_aborted)
-            stream._put(error)
+            stream._put(make_error(rid))
         # Requests the engine holds without a stream (should not happen) must not keep it busy forever.
         try:
             if self.engine.has_unfinished_requests():

@@ -10,9 +10,11 @@ from typing import Iterable, Optional, Union
 
 import numpy as np
 
+from engine import request_checks
 from engine.args import EngineArgs
 from engine.tokenization.detokenizer import IncrementalDetokenizer, fill_decoded_tokens
 from engine.core.kv_cache import KVCacheManager
+from engine.errors import RequestsFailed
 from engine.model import fused_compile
 from engine.outputs import RequestOutput
 from engine.req_state import ChildState, ParentState
@@ -22,7 +24,7 @@ from engine.sample.sampler import Sampler, SamplingRow, prompt_logprobs_for
 from engine.sample.sampling import SamplingParams
 from engine.core.scheduler import Scheduler
 
-PromptType = Union[str, dict, list]
+PromptType = request_checks.PromptType
 LOGITS_SLICE = 128  # prompt-logprob rows turned into logits at once (128 x 262k f32 = 134 MB)
 
 
@@ -55,6 +57,7 @@ class LLMEngine:
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
         self.sampler = Sampler(self.eos_token_ids, seed=args.seed)
         self.parents: dict[str, ParentState] = {}
+        self._fanning: dict[str, ParentState] = {}  # parents with completions still to create, oldest first
         self.children: dict[str, ChildState] = {}
         self._child_parent: dict[str, str] = {}
         self._ids = itertools.count()
@@ -85,70 +88,81 @@ class LLMEngine:
 
     # ---- requests ----
     def encode_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
-            if "prompt" in prompt:
-                return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
-            raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in prompt):
-            return None, [int(t) for t in prompt]
-        raise TypeError(f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+        return request_checks.encode_prompt(self.tokenizer, prompt)
 
     def add_request(self, request_id: Optional[str], prompt: PromptType,
                     params: Optional[SamplingParams] = None) -> str:
+        """Queues a request; raises ValueError/TypeError (holding nothing) if it cannot run.
+
+        Its n completions are created as the scheduler has room for them (see _fan_out), so a large n
+        costs memory only for the completions that run or wait, and an abort stops the fan-out.
+        """
         params = params or SamplingParams()
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self.encode_prompt(prompt)
-        self._validate(ids, params)
+        self.validate_request(ids, params)
         parent = ParentState(request_id, text, ids, params)
-        for i in range(params.n):
-            child_params = params
-            if params.n > 1:
-                child_params = params.clone()
-                child_params.n = 1
-                if params.seed is not None:
-                    child_params.seed = params.seed + i  # distinct but reproducible samples
-                if i > 0:
-                    child_params.prompt_logprobs = None  # computed once; lets the children share the prefix
-            child_id = request_id if params.n == 1 else f"{i}_{request_id}"
-            req = Request(child_id, ids, child_params, eos_token_ids=self.eos_token_ids,
-                          max_model_len=self.max_model_len)
-            self.scheduler.add_request(req)
-            child = ChildState(req, child_params, i, IncrementalDetokenizer(self.tokenizer, child_params, ids),
-                               child_params.make_generator(),
-                               logprobs=[] if child_params.logprobs is not None else None,
-                               prompt_logprobs=[] if child_params.prompt_logprobs is not None else None)
-            parent.children.append(child)
-            self.children[child_id] = child
-            self._child_parent[child_id] = request_id
+        self._admit(parent, self._make_child(parent, 0))  # raises before anything is registered
         self.parents[request_id] = parent
+        self._fan_out(parent)
         return request_id
 
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
-        if not ids:
-            raise ValueError("the prompt is empty")
-        if len(ids) > self.max_model_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens, more than max_model_len ({self.max_model_len})")
-        vocab = self.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (size {vocab})")
-        params.verify_token_ids(vocab)
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Everything add_request checks about a prompt and its params, without queueing anything.
+
+        Reads only what never changes after load, so callers on other threads (the server) may use it.
+        """
+        request_checks.validate_request(prompt_token_ids, params, self.config.vocab_size, self.max_model_len)
+
+    def _make_child(self, parent: ParentState, index: int) -> ChildState:
+        """Completion `index` of a request, built whole (everything that can fail) but not yet scheduled."""
+        params = parent.params
+        child_params = params
+        if params.n > 1:
+            child_params = params.clone()
+            child_params.n = child_params.best_of = 1
+            child_params.seed = params.child_seed(index)  # distinct but reproducible samples
+            if index > 0:
+                child_params.prompt_logprobs = None  # computed once; lets the children share the prefix
+        child_id = parent.request_id if params.n == 1 else f"{index}_{parent.request_id}"
+        ids = parent.prompt_token_ids
+        req = Request(child_id, ids, child_params, eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len)
+        return ChildState(req, child_params, index, IncrementalDetokenizer(self.tokenizer, child_params, ids),
+                          child_params.make_generator(),
+                          logprobs=[] if child_params.logprobs is not None else None,
+                          prompt_logprobs=[] if child_params.prompt_logprobs is not None else None)
+
+    def _admit(self, parent: ParentState, child: ChildState) -> None:
+        child_id = child.request_id
+        self.scheduler.add_request(child.request)  # the last check that can refuse (KV larger than the pool)
+        parent.children.append(child)
+        self.children[child_id] = child
+        self._child_parent[child_id] = parent.request_id
+
+    def _fan_out(self, parent: Optional[ParentState] = None) -> None:
+        """Creates pending completions while fewer than max_num_seqs requests wait to be scheduled."""
+        if parent is not None and parent.num_pending_children:
+            self._fanning[parent.request_id] = parent
+        room = self.scheduler.max_num_seqs - self.scheduler.num_waiting
+        for pid, p in list(self._fanning.items()):
+            while p.num_pending_children and room > 0:
+                self._admit(p, self._make_child(p, len(p.children)))
+                room -= 1
+            if not p.num_pending_children or pid not in self.parents:
+                del self._fanning[pid]
 
     def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         for rid in ids:
             parent = self.parents.pop(rid, None)
+            self._fanning.pop(rid, None)
             if parent is None:
                 continue
             for c in parent.children:
-                self.scheduler.finish_requests(c.request.request_id, "abort")
-                self._forget(c.request.request_id)
+                self.scheduler.finish_requests(c.request_id, "abort")
+                self._forget(c.request_id)
 
     def _forget(self, child_id: str) -> None:
         self.children.pop(child_id, None)
@@ -159,8 +173,19 @@ class LLMEngine:
 
     # ---- one step ----
     def step(self) -> list[RequestOutput]:
+        """One scheduling step; returns the outputs of the requests it advanced.
+
+        Raises:
+            RequestsFailed: some requests failed inside the step; they were aborted (blocks freed) and the
+                exception carries the other requests' outputs. Any other exception is a failure that
+                names no request (the scheduler's own state).
+        """
         try:
-            return self._step()
+            failures: dict[str, BaseException] = {}
+            outputs = self._step(failures)
+            if failures:
+                raise RequestsFailed(failures, outputs) from next(iter(failures.values()))
+            return outputs
         finally:
             # torch (long prefill chunks) is imported in the background once the engine is idle: during a
             # first token it would hold the GIL (0.3 s), during decode steps it halved their speed for ~2 s.
@@ -182,48 +207,96 @@ class LLMEngine:
         self._start_torch_import()
         self._torch_thread.join()
 
-    def _step(self) -> list[RequestOutput]:
+    def _step(self, failures: dict[str, BaseException]) -> list[RequestOutput]:
+        """schedule -> execute -> sample -> update_from_output. A request whose own part raises is failed
+        alone (`failures`, by request id); an error in the batched forward fails the step's requests."""
+        self._fan_out()
         so = self.scheduler.schedule()
         self._swap(so)  # before the early return: freed device blocks may be reused next step
         if so.is_empty:
             return []
         now = time.time()
-        chunks, want_prompt_lp = [], []
+        live, chunks, want_prompt_lp = [], [], []
         for s in so.scheduled:
-            child = self.children[s.req_id]
-            parent = self.parents[self._child_parent[s.req_id]]
-            parent.first_scheduled_time = parent.first_scheduled_time or now
-            prompt_lp = child.prompt_logprobs is not None and s.start_pos < child.request.num_prompt_tokens - 1
+            try:
+                child = self.children[s.req_id]
+                parent = self.parents[self._child_parent[s.req_id]]
+                parent.first_scheduled_time = parent.first_scheduled_time or now
+                prompt_lp = child.prompt_logprobs is not None and s.start_pos < child.request.num_prompt_tokens - 1
+                chunks.append(SeqChunk(s.token_ids, s.start_pos, s.block_ids,
+                                       "all" if prompt_lp else ("last" if s.sample else "none")))
+            except Exception as e:
+                self._fail(s.req_id, e, failures)
+                continue
+            live.append(s)
             want_prompt_lp.append(prompt_lp)
-            mode = "all" if prompt_lp else ("last" if s.sample else "none")
-            chunks.append(SeqChunk(s.token_ids, s.start_pos, s.block_ids, mode))
-        hidden = self.runner.execute_hidden(chunks)
-        for s, h, lp in zip(so.scheduled, hidden, want_prompt_lp):
+        try:
+            hidden = self.runner.execute_hidden(chunks) if chunks else []
+        except Exception as e:  # one batch: no telling whose row broke it
+            for s in live:
+                self._fail(s.req_id, e, failures)
+            return []
+        for s, h, lp in zip(live, hidden, want_prompt_lp):
             if lp:
-                self._prompt_logprobs(self.children[s.req_id], s.start_pos, h)
-        sampled = self._sample(so.scheduled, hidden)
+                try:
+                    self._prompt_logprobs(self.children[s.req_id], s.start_pos, h)
+                except Exception as e:
+                    self._fail(s.req_id, e, failures)
+        kept = [(s, h) for s, h in zip(live, hidden) if s.req_id in self.children]
+        sampled = self._sample([s for s, _ in kept], [h for _, h in kept], failures)
         if sampled and fused_compile.pending():
             fused_compile.start_pending()  # after a first token, not before it (fused_compile's docstring)
-        self.num_prompt_tokens += sum(s.num_tokens for s in so.scheduled if not s.sample or
-                                      s.start_pos + len(s.token_ids) <= self.children[s.req_id].request.num_prompt_tokens)
+        self.num_prompt_tokens += sum(s.num_tokens for s in so.scheduled if s.req_id in self.children and (
+            not s.sample or s.start_pos + len(s.token_ids) <= self.children[s.req_id].request.num_prompt_tokens))
         finished = {req.request_id: reason for req, reason in self.scheduler.update_from_output(so, sampled)}
         touched: dict[str, None] = {}
         for rid, tokens in sampled.items():
-            child = self.children[rid]
-            self.num_generation_tokens += 1
-            reason = finished.get(rid)
-            stop_str = child.detok.update(tokens, stop_terminated=reason == "stop", finished=reason is not None)
-            if stop_str is not None:
-                if reason is None:
-                    self.scheduler.finish_requests(rid, "stop")
-                reason = "stop"
-                child.stop_reason = stop_str
-            elif reason == "stop":
-                child.stop_reason = child.request.stop_reason
-            if reason is not None:
-                child.finish_reason = reason
+            if rid not in self.children:  # failed with a sibling completion
+                continue
+            try:
+                self._update_text(rid, tokens, finished.get(rid))
+            except Exception as e:
+                self._fail(rid, e, failures)
+                continue
             touched[self._child_parent[rid]] = None
-        return [self._output(pid) for pid in touched]
+        outputs = []
+        for pid in touched:
+            if pid not in self.parents:
+                continue
+            try:
+                outputs.append(self._output(pid))
+            except Exception as e:
+                self._fail_parent(pid, e, failures)
+        return outputs
+
+    def _update_text(self, rid: str, tokens: list[int], reason: Optional[str]) -> None:
+        """Detokenizes a completion's new token; a stop string found there finishes it."""
+        child = self.children[rid]
+        self.num_generation_tokens += 1
+        stop_str = child.detok.update(tokens, stop_terminated=reason == "stop", finished=reason is not None)
+        if stop_str is not None:
+            if reason is None:
+                self.scheduler.finish_requests(rid, "stop")
+            reason = "stop"
+            child.stop_reason = stop_str
+        elif reason == "stop":
+            child.stop_reason = child.request.stop_reason
+        if reason is not None:
+            child.finish_reason = reason
+            child.release()
+
+    def _fail(self, child_id: str, error: BaseException, failures: dict[str, BaseException]) -> None:
+        """Fails the request a scheduled completion belongs to (all its completions), freeing its blocks."""
+        parent_id = self._child_parent.get(child_id)
+        if parent_id is not None:
+            self._fail_parent(parent_id, error, failures)
+        elif self.scheduler.finish_requests(child_id, "abort"):  # live, but unknown to the engine: freed too
+            self.children.pop(child_id, None)
+            failures.setdefault(child_id, error)
+
+    def _fail_parent(self, parent_id: str, error: BaseException, failures: dict[str, BaseException]) -> None:
+        self.abort_request(parent_id)
+        failures.setdefault(parent_id, error)
 
     def _swap(self, so) -> None:
         """Copies the step's swapped blocks between the device KV and the RAM tier (one direction per step)."""
@@ -246,7 +319,9 @@ class LLMEngine:
         if start == 0 and n == 0:
             child.prompt_logprobs.append(None)
 
-    def _sample(self, scheduled, hidden) -> dict[str, list[int]]:
+    def _sample(self, scheduled, hidden, failures: dict[str, BaseException]) -> dict[str, list[int]]:
+        """One token per scheduled entry that samples. A row whose sampling raises fails its request only:
+        the batch is sampled again row by row to find it."""
         rows, ids = [], []
         for s, h in zip(scheduled, hidden):
             if s.sample:
@@ -254,21 +329,42 @@ class LLMEngine:
                 ids.append(s.req_id)
         if not rows:
             return {}
-        logits = self.runner.compute_logits(np.stack(rows), per_row=True)
+        try:
+            logits = self.runner.compute_logits(np.stack(rows), per_row=True)
+        except Exception as e:
+            for rid in ids:
+                self._fail(rid, e, failures)
+            return {}
         srows = []
         for rid in ids:
             c = self.children[rid]
             srows.append(SamplingRow(c.params, c.generator, c.request.prompt_token_ids, c.request.output_token_ids))
-        out = self.sampler.sample(logits, srows)
+        try:
+            out = self.sampler.sample(logits, srows)
+            picks = [(int(out.token_ids[i]), out.logprobs[i]) for i in range(len(ids))]
+        except Exception:
+            picks = []
+            for i, rid in enumerate(ids):
+                try:
+                    one = self.sampler.sample(logits[i:i + 1], [srows[i]])
+                    picks.append((int(one.token_ids[0]), one.logprobs[0]))
+                except Exception as e:
+                    self._fail(rid, e, failures)
+                    picks.append(None)
         result = {}
-        for i, rid in enumerate(ids):
-            tok = int(out.token_ids[i])
+        for rid, pick in zip(ids, picks):
+            if pick is None or rid not in self.children:
+                continue
+            tok, lp = pick
             c = self.children[rid]
-            if c.logprobs is not None:
-                lp = out.logprobs[i]
-                fill_decoded_tokens(self.tokenizer, [lp])
-                c.logprobs.append(lp)
-                c.cumulative_logprob += lp[tok].logprob
+            try:
+                if c.logprobs is not None:
+                    fill_decoded_tokens(self.tokenizer, [lp])
+                    c.logprobs.append(lp)
+                    c.cumulative_logprob += lp[tok].logprob
+            except Exception as e:
+                self._fail(rid, e, failures)
+                continue
             result[rid] = [tok]
         return result
 
@@ -283,11 +379,11 @@ class LLMEngine:
         finished = parent.finished
         out = RequestOutput(parent.request_id, parent.prompt, list(parent.prompt_token_ids), prompt_lp,
                             outputs, finished, metrics=parent.metrics(),
-                            num_cached_tokens=c0.request.num_cached_tokens)
+                            num_cached_tokens=c0.cached_tokens)
         if finished:
             del self.parents[parent_id]
             for c in parent.children:
-                self._forget(c.request.request_id)
+                self._forget(c.request_id)
         return out
 
     def stats(self):

@@ -15,24 +15,47 @@ from engine.sample.sampling import SamplingParams
 
 @dataclass
 class ChildState:
-    """One of a request's n completions; it runs as its own scheduler Request."""
-    request: Request
+    """One of a request's n completions; it runs as its own scheduler Request.
+
+    Once finished it is released: only its CompletionOutput stays (with a large n, the finished
+    completions must not each keep a Request with copies of the prompt, a detokenizer and a generator).
+    """
+    request: Optional[Request]  # None once released
     params: SamplingParams
     index: int
-    detok: IncrementalDetokenizer
+    detok: Optional[IncrementalDetokenizer]
     generator: Optional[np.random.Generator]
     logprobs: Optional[list[dict[int, Logprob]]] = None
     cumulative_logprob: float = 0.0
     prompt_logprobs: Optional[list] = None  # only child 0 computes them
     finish_reason: Optional[str] = None
     stop_reason: object = None
+    final: Optional[CompletionOutput] = None  # set by release()
+    request_id: str = field(init=False)
+    num_cached_tokens: int = field(init=False, default=0)  # kept from the Request at release
+
+    def __post_init__(self) -> None:
+        self.request_id = self.request.request_id
 
     def completion(self) -> CompletionOutput:
+        if self.final is not None:
+            return self.final
         return CompletionOutput(
             index=self.index, text=self.detok.get_next_output_text(self.finish_reason is not None, delta=False),
             token_ids=list(self.request.output_token_ids),
             cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
             logprobs=self.logprobs, finish_reason=self.finish_reason, stop_reason=self.stop_reason)
+
+    def release(self) -> None:
+        """A finished completion keeps its output only."""
+        self.final = self.completion()
+        self.num_cached_tokens = self.request.num_cached_tokens
+        self.request = self.detok = self.generator = None
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens its first schedule found in the prefix cache."""
+        return self.request.num_cached_tokens if self.request is not None else self.num_cached_tokens
 
 
 @dataclass
@@ -48,8 +71,13 @@ class ParentState:
     first_scheduled_time: Optional[float] = None
 
     @property
+    def num_pending_children(self) -> int:
+        """Completions not created yet: the engine creates them as the scheduler has room (a cheap fan-out)."""
+        return self.params.n - len(self.children)
+
+    @property
     def finished(self) -> bool:
-        return all(c.finish_reason is not None for c in self.children)
+        return self.num_pending_children == 0 and all(c.finish_reason is not None for c in self.children)
 
     def metrics(self) -> RequestMetrics:
         done = self.finished

@@ -7,9 +7,7 @@ import sys
 from pathlib import Path
 
 from cpu_kernels import envs
-
-DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # = engine.entrypoints.server.app's; kept here so `ramlm --help` needs no fastapi
-
+from engine.entrypoints.server import limits
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     from engine.args import EngineArgs
@@ -21,14 +19,48 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="require this key (Authorization: Bearer KEY or x-api-key); default: $RAMLM_API_KEY")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="model name(s) clients use; the first is reported (default: the model's file name)")
-    p.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+    p.add_argument("--max-request-body-bytes", type=int, default=limits.MAX_BODY_BYTES,
                    help="larger request bodies get 413")
+    p.add_argument("--timeout-request-headers", type=_positive_float, default=limits.HEADER_TIMEOUT_S,
+                   metavar="SECONDS", help="a request whose line and headers are not all in this long after the "
+                                           "connection opened (or after the previous response) gets 408 and the "
+                                           "connection closes")
+    p.add_argument("--timeout-request-body", type=_positive_float, default=limits.BODY_TIMEOUT_S,
+                   metavar="SECONDS", help="a request body that sends nothing for this long gets 408 and the "
+                                           "connection closes")
+    p.add_argument("--timeout-keep-alive", type=_positive_int, default=limits.TIMEOUT_KEEP_ALIVE_S,
+                   metavar="SECONDS", help="close an idle keep-alive connection after this long (uvicorn's option)")
+    p.add_argument("--limit-concurrency", type=_positive_int, default=limits.LIMIT_CONCURRENCY, metavar="N",
+                   help="with this many connections or requests open, new requests get 503 (uvicorn's option)")
+    p.add_argument("--h11-max-incomplete-event-size", type=_positive_int,
+                   default=limits.H11_MAX_INCOMPLETE_EVENT_SIZE, metavar="BYTES",
+                   help="a longer request line and headers get 400 (uvicorn's option)")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="use a chat template sent in a request (chat_template, chat_template_kwargs.chat_template); "
+                        "without this flag such requests get 400 (vLLM's flag)")
+    p.add_argument("--chat-template-timeout", type=_positive_float, default=limits.CHAT_TEMPLATE_TIMEOUT_S,
+                   metavar="SECONDS", help="a chat template that renders for longer is stopped and the request "
+                                           "gets 400 (templates render in worker processes)")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     p.add_argument("--disable-access-log", action="store_true", help="do not log every request")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the startup request that compiles the kernels before /health says ready")
     EngineArgs.add_cli_args(p)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
 
 
 def default_model_name(args_model: str | None, resolved: str) -> str:
@@ -68,8 +100,10 @@ def run_serve(ns: argparse.Namespace) -> int:
     from engine.async_engine import AsyncLLMEngine
     from engine.engine import LLMEngine
     from engine.entrypoints.server.app import build_app
+    from engine.entrypoints.server.connection import with_header_timeout
     from engine.entrypoints.server.metrics import ServerMetrics
     from engine.entrypoints.server.serving import ServerState
+    from engine.entrypoints.server.template_worker import TemplateRenderer
 
     if ns.model_tag is not None:
         if ns.model is not None and ns.model != ns.model_tag:
@@ -92,15 +126,21 @@ def run_serve(ns: argparse.Namespace) -> int:
     metrics = ServerMetrics(names[0])
     engine.set_hooks(on_first_token=metrics.on_first_token, on_finished=metrics.on_finished,
                      on_aborted=metrics.on_aborted)
-    state = ServerState(engine=engine, model_names=list(names), model_path=llm_engine.model_path, metrics=metrics)
+    state = ServerState(engine=engine, model_names=list(names), model_path=llm_engine.model_path, metrics=metrics,
+                        trust_request_chat_template=ns.trust_request_chat_template,
+                        templates=TemplateRenderer(timeout_s=ns.chat_template_timeout))
     api_key = ns.api_key or envs.get("RAMLM_API_KEY") or None
-    app = build_app(state, api_key=api_key, max_body_bytes=ns.max_request_body_bytes)
+    app = build_app(state, api_key=api_key, max_body_bytes=ns.max_request_body_bytes,
+                    body_timeout_s=ns.timeout_request_body)
     logging.getLogger("ramlm.server").info(
         "serving %s as %s on http://%s:%d (max_model_len %d, %d KV blocks, API key %s); loaded in %.1f s",
         llm_engine.model_path, ", ".join(names), ns.host, ns.port, llm_engine.max_model_len,
         llm_engine.kv_manager.num_usable_blocks, "required" if api_key else "off", llm_engine.load_seconds)
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.uvicorn_log_level,
-                            access_log=not ns.disable_access_log, timeout_graceful_shutdown=5)
+                            access_log=not ns.disable_access_log, timeout_graceful_shutdown=5,
+                            http=with_header_timeout(ns.timeout_request_headers),
+                            timeout_keep_alive=ns.timeout_keep_alive, limit_concurrency=ns.limit_concurrency,
+                            h11_max_incomplete_event_size=ns.h11_max_incomplete_event_size)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):

@@ -12,8 +12,17 @@ from typing import Optional, Union
 
 import numpy as np
 
+from cpu_kernels import envs
+
 # Below this temperature a request is greedy (vLLM's _SAMPLING_EPS).
 _SAMPLING_EPS = 1e-5
+# Largest seed: what a uint64 generator state takes (-1 means "no seed").
+MAX_SEED = 2**64 - 1
+
+
+def max_n_sequences() -> int:
+    """The largest n (vLLM's VLLM_MAX_N_SEQUENCES, same default): $RAMLM_MAX_N_SEQUENCES or 16384."""
+    return envs.get("RAMLM_MAX_N_SEQUENCES")
 
 
 class SamplingType(enum.IntEnum):
@@ -32,7 +41,8 @@ class RequestOutputKind(enum.Enum):
 class SamplingParams:
     """Sampling parameters of one request; see vLLM's SamplingParams for the long descriptions.
 
-    n: completions to return. best_of: completions to generate (>= n; None means n).
+    n: completions to return, at most max_n_sequences() (16384 unless $RAMLM_MAX_N_SEQUENCES says otherwise).
+    best_of: None or n; ramlm, like vLLM V1, does not generate extra completions to pick from.
     presence_penalty, frequency_penalty: in [-2, 2], subtracted from the logits of tokens that
         appear in the output (once, and once per occurrence).
     repetition_penalty: > 0; logits of tokens seen in the prompt or the output are divided by it
@@ -40,7 +50,7 @@ class SamplingParams:
     temperature: >= 0; below 1e-5 the request is greedy (top_p/top_k/min_p are then reset to off).
     top_p: in (0, 1]. top_k: 0 or -1 = off (normalized to 0), else keep the k most likely.
     min_p: in [0, 1]; drop tokens whose probability is below min_p times the top one's.
-    seed: per-request random seed (-1 or None = the engine's generator).
+    seed: per-request random seed in [0, 2**64 - 1] (-1 or None = the engine's generator).
     stop: stop strings (not included in the output unless include_stop_str_in_output).
     stop_token_ids: token ids that end the request (included in token_ids, not in the text).
     ignore_eos: keep generating after EOS. max_tokens: >= 1, or None for up to the context limit.
@@ -88,13 +98,14 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = [] if self.stop_token_ids is None else [int(t) for t in self.stop_token_ids]
+        if isinstance(self.seed, np.integer):
+            self.seed = int(self.seed)
         if self.seed == -1:
             self.seed = None
         if self.top_k == -1:  # vLLM accepts -1 for "off" and prefers 0
             self.top_k = 0
         if self.logit_bias is not None:
-            # JSON object keys arrive as strings.
-            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            self.logit_bias = _parse_logit_bias(self.logit_bias)
         self._verify_args()
         if self.temperature < _SAMPLING_EPS:
             # Greedy: the truncation knobs cannot change the argmax, so turn them off.
@@ -110,13 +121,24 @@ class SamplingParams:
             raise ValueError(f"n must be an int, got {type(self.n).__name__}.")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}.")
-        if self.best_of < self.n:
-            raise ValueError("best_of must be greater than or equal to n, "
-                             f"got n={self.n} and best_of={self.best_of}.")
+        max_n = max_n_sequences()
+        if self.n > max_n:
+            raise ValueError(f"n must be at most {max_n}, got {self.n}. To increase this limit, set the "
+                             "RAMLM_MAX_N_SEQUENCES environment variable.")
+        if not isinstance(self.best_of, int) or isinstance(self.best_of, bool):
+            raise ValueError(f"best_of must be an int, got {type(self.best_of).__name__}.")
+        if self.best_of != self.n:
+            raise ValueError(f"best_of must equal n (or be left out): ramlm, like vLLM V1, does not generate extra "
+                             f"completions to choose from; got n={self.n} and best_of={self.best_of}.")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed must be -1 (no seed) or an integer in [0, 2**64 - 1], got {self.seed!r}.")
         if not -2.0 <= self.presence_penalty <= 2.0:
             raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        if not math.isfinite(self.repetition_penalty):
+            raise ValueError(f"repetition_penalty must be a finite number, got {self.repetition_penalty}.")
         if not self.repetition_penalty > 0.0:
             raise ValueError(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
         if not self.temperature >= 0.0:
@@ -163,7 +185,10 @@ class SamplingParams:
             raise ValueError(f"best_of must be 1 when using greedy sampling, got {self.best_of}.")
 
     def verify_token_ids(self, vocab_size: int) -> None:
-        """Raise ValueError if logit_bias or stop_token_ids name a token outside the vocabulary."""
+        """Raise ValueError if logit_bias or stop_token_ids name a token outside the vocabulary, or top_k
+        asks for more tokens than it has (vLLM's checks at admission)."""
+        if self.top_k > vocab_size:
+            raise ValueError(f"top_k cannot be greater than vocabulary size ({vocab_size}), but got {self.top_k}.")
         bad = [t for t in (self.logit_bias or {}) if t >= vocab_size]
         if bad:
             raise ValueError(f"token_id(s) {bad} in logit_bias contain out-of-vocab token ids "
@@ -181,6 +206,10 @@ class SamplingParams:
             return SamplingType.RANDOM_SEED
         return SamplingType.RANDOM
 
+    def child_seed(self, index: int) -> Optional[int]:
+        """The seed of completion `index` of n: seed + index (as vLLM does), wrapped into [0, 2**64 - 1]."""
+        return None if self.seed is None else (self.seed + index) % (MAX_SEED + 1)
+
     def clone(self) -> "SamplingParams":
         return copy.deepcopy(self)
 
@@ -190,3 +219,17 @@ class SamplingParams:
         For n > 1 the engine should seed completion i with seed + i (as vLLM does).
         """
         return None if self.seed is None else np.random.default_rng(self.seed)
+
+
+def _parse_logit_bias(logit_bias) -> dict[int, float]:
+    """token id -> bias; JSON object keys arrive as strings."""
+    out = {}
+    for k, v in logit_bias.items():
+        try:
+            tid = int(k)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias keys must be token ids (integers), got {k!r}.") from None
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise ValueError(f"logit_bias values must be numbers, got {v!r} for token {tid}.")
+        out[tid] = float(v)
+    return out

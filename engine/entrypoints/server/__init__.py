@@ -1,2 +1,4 @@
-"""The HTTP server: app.py (FastAPI app, guard, errors), openai.py, anthropic.py, protocol.py (request
-bodies), serving.py (shared helpers), metrics.py (/metrics), errors.py. Started by `ramlm serve`."""
+"""The HTTP server: app.py (FastAPI app, routes, errors), guard.py (API key, body size, body timeout, lone
+surrogates), connection.py (uvicorn's protocol with a header timeout), limits.py (the limits' defaults),
+openai.py, anthropic.py, protocol.py (request bodies), serving.py (shared helpers), template_worker.py
+(chat templates rendered in worker processes), metrics.py (/metrics), errors.py. Started by `ramlm serve`."""

@@ -28,10 +28,10 @@ def _messages(body) -> list[dict]:
     return out
 
 
-def _render(st: ServerState, body) -> list[int]:
+async def _render(st: ServerState, body) -> list[int]:
     msgs = _messages(body)
     prefill = msgs[-1]["role"] == "assistant"
-    _, ids = st.render_chat(msgs, add_generation_prompt=True, continue_final_message=prefill)
+    _, ids = await st.render_chat(msgs, add_generation_prompt=True, continue_final_message=prefill)
     return ids
 
 
@@ -50,10 +50,12 @@ async def create_message(body: MessagesRequest, request: Request):
     if body.max_tokens < 1:
         raise bad_request(f"max_tokens: must be at least 1, got {body.max_tokens}", "max_tokens")
     params = sampling_params(body.to_sampling_params)
-    ids = _render(st, body)
+    ids = await _render(st, body)
     st.check_length(len(ids), body.max_tokens, "messages")
     mid = f"msg_{uuid.uuid4().hex[:24]}"
-    streams = await add_requests(st, mid, [(None, ids)], params)
+    added, streams = await unless_disconnected(request, add_requests(st, mid, [(None, ids)], params))
+    if not added:
+        return Response(status_code=499)
     if body.stream:
         return StreamingResponse(_stream(model, mid, len(ids), streams), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
@@ -98,4 +100,4 @@ async def _stream(model: str, mid: str, input_tokens: int, streams):
 async def count_tokens(body: CountTokensRequest, request: Request):
     st = state_of(request)
     st.check_model(body.model)
-    return {"input_tokens": len(_render(st, body))}
+    return {"input_tokens": len(await _render(st, body))}

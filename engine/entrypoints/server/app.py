@@ -1,8 +1,9 @@
-"""The FastAPI app: routes, API-key and body-size guard, errors in each API's own shape."""
+"""The FastAPI app: routes, the guard in front of them (guard.py), errors in each API's own shape."""
 from __future__ import annotations
 
-import hmac
+import asyncio
 import logging
+import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -13,76 +14,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import engine
 from engine.async_engine import EngineDeadError, EngineStepError
 from engine.entrypoints.server import anthropic, openai
-from engine.entrypoints.server.errors import APIError, api_error_response, bad_request, error_response
+from engine.entrypoints.server.errors import APIError, api_error_response, bad_request, error_response, \
+    internal_error_message
+from engine.entrypoints.server.guard import GuardMiddleware
+from engine.entrypoints.server.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES
 from engine.entrypoints.server.protocol import DetokenizeRequest, TokenizeRequest
 from engine.entrypoints.server.serving import ServerState, state_of
 
 logger = logging.getLogger("ramlm.server")
-DEFAULT_MAX_BODY_BYTES = 8 * 2**20
-OPEN_PATHS = ("/health", "/version", "/metrics", "/ping")  # no API key needed
-DRAIN_LIMIT = 64 * 2**20  # an oversized body is read (and dropped) up to this much so the client sees the 413
-
-
-class GuardMiddleware:
-    """Pure ASGI: rejects a missing/wrong API key (401) and bodies over max_body_bytes (413) before
-    any route runs; the body it read is replayed to the app, and later receive() calls (disconnect
-    notices) pass through."""
-
-    def __init__(self, app, api_key: str | None, max_body_bytes: int):
-        self.app = app
-        self.api_key = api_key
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        path = scope["path"]
-        headers = {k.lower(): v for k, v in scope.get("headers", [])}
-        if self.api_key and path not in OPEN_PATHS and not self._authorized(headers):
-            resp = error_response(path, 401, "Invalid or missing API key: send 'Authorization: Bearer KEY' "
-                                             "or 'x-api-key: KEY'.", headers={"WWW-Authenticate": "Bearer"})
-            return await resp(scope, receive, send)
-        if scope["method"] not in ("POST", "PUT", "PATCH"):
-            return await self.app(scope, receive, send)
-        limit = self.max_body_bytes
-        declared = headers.get(b"content-length", b"")
-        too_big = declared.isdigit() and int(declared) > limit
-        chunks, total = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            part = message.get("body", b"")
-            total += len(part)
-            if total > limit:
-                too_big = True
-            if not too_big:
-                chunks.append(part)
-            if not message.get("more_body", False) or total > limit + DRAIN_LIMIT:
-                break
-        if too_big:
-            size = declared.decode() if declared.isdigit() else f"more than {total}"
-            resp = error_response(path, 413, f"The request body ({size} bytes) is larger than this server's "
-                                             f"limit of {limit} bytes.")
-            return await resp(scope, receive, send)
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return await self.app(scope, replay, send)
-
-    def _authorized(self, headers: dict) -> bool:
-        key = self.api_key.encode()
-        auth = headers.get(b"authorization", b"")
-        if auth[:7].lower() == b"bearer " and hmac.compare_digest(auth[7:].strip(), key):
-            return True
-        return hmac.compare_digest(headers.get(b"x-api-key", b""), key)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -102,17 +41,21 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return "; ".join(parts) or "invalid request", param
 
 
-def build_app(state: ServerState, api_key: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+def build_app(state: ServerState, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+              body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
         state.engine.start()
+        await asyncio.to_thread(state.templates.start)
         yield
         state.engine.shutdown()
+        state.templates.close()
+        state.tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="ramlm", version=engine.__version__, lifespan=lifespan)
     app.state.ramlm = state
-    app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes,
+                       body_timeout_s=body_timeout_s)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -131,8 +74,8 @@ def build_app(state: ServerState, api_key: str | None = None,
         return error_response(request.url.path, exc.status_code, detail, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(EngineStepError)
-    async def _step_failed(request: Request, exc: EngineStepError):
-        return error_response(request.url.path, 500, str(exc))
+    async def _step_failed(request: Request, exc: EngineStepError):  # the engine thread logged it
+        return error_response(request.url.path, 500, internal_error_message(exc.request_id))
 
     @app.exception_handler(EngineDeadError)
     async def _dead(request: Request, exc: EngineDeadError):
@@ -140,8 +83,9 @@ def build_app(state: ServerState, api_key: str | None = None,
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
-        logger.exception("unhandled error on %s", request.url.path)
-        return error_response(request.url.path, 500, f"internal error: {exc!r}")
+        request_id = f"err-{uuid.uuid4().hex[:16]}"
+        logger.error("request %s (%s %s) failed", request_id, request.method, request.url.path, exc_info=exc)
+        return error_response(request.url.path, 500, internal_error_message(request_id))
 
     app.include_router(openai.router)
     app.include_router(anthropic.router)
@@ -182,26 +126,31 @@ def build_app(state: ServerState, api_key: str | None = None,
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("give exactly one of prompt and messages", "prompt")
         if body.prompt is not None:
-            ids = st.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
+            ids = await st.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
         else:
             msgs = [m.to_template() for m in body.messages]
-            _, ids = st.render_chat(msgs, body.add_generation_prompt)  # the template writes BOS itself
-        strs = st.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+            _, ids = await st.render_chat(msgs, body.add_generation_prompt, template_kwargs=body.chat_template_kwargs,
+                                          request_template=body.chat_template)
+        strs = await st.off_loop(st.tokenizer.convert_ids_to_tokens, ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": st.max_model_len, "tokens": ids, "token_strs": strs}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest, request: Request):
         st = state_of(request)
         st.check_model(body.model)
-        vocab = st.tokenizer.vocab_size
-        bad = [t for t in body.tokens if not 0 <= t < vocab]
-        if bad:
-            raise bad_request(f"token id {bad[0]} is outside the vocabulary (size {vocab})", "tokens")
-        return {"prompt": st.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+        return {"prompt": await st.off_loop(_detokenize, st.tokenizer, body.tokens)}
 
     return app
 
 
+def _detokenize(tokenizer, tokens: list[int]) -> str:
+    vocab = tokenizer.vocab_size
+    bad = next((t for t in tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise bad_request(f"token id {bad} is outside the vocabulary (size {vocab})", "tokens")
+    return tokenizer.decode(tokens, skip_special_tokens=False)
+
+
 def _model_card(st: ServerState, name: str) -> dict:
-    return {"id": name, "object": "model", "created": st.created, "owned_by": "ramlm", "root": st.model_path,
+    return {"id": name, "object": "model", "created": st.created, "owned_by": "ramlm", "root": st.model_names[0],
             "parent": None, "max_model_len": st.max_model_len}

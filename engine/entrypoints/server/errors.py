@@ -15,6 +15,7 @@ _TYPES = {
     403: ("permission_error", "permission_error"),
     404: ("not_found_error", "not_found_error"),
     405: ("invalid_request_error", "invalid_request_error"),
+    408: ("invalid_request_error", "invalid_request_error"),
     413: ("invalid_request_error", "request_too_large"),
     429: ("rate_limit_error", "rate_limit_error"),
     500: ("internal_server_error", "api_error"),
@@ -42,6 +43,11 @@ class APIError(Exception):
 
 def bad_request(message: str, param: Optional[str] = None) -> APIError:
     return APIError(400, message, param)
+
+
+def internal_error_message(request_id: str) -> str:
+    """A 500's whole message: what went wrong stays in the server log, under this id."""
+    return f"Internal server error (request id {request_id}); the server log has the details."
 
 
 def is_anthropic_path(path: str) -> bool:

@@ -17,15 +17,15 @@ router = APIRouter()
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _prompts(st: ServerState, prompt) -> list[tuple[Optional[str], list[int]]]:
-    """The four prompt forms -> [(text or None, token ids)]."""
+async def _prompts(st: ServerState, prompt) -> list[tuple[Optional[str], list[int]]]:
+    """The four prompt forms -> [(text or None, token ids)]; text is tokenized off the event loop."""
     tok = st.tokenizer
     if isinstance(prompt, str):
-        return [(prompt, tok.encode(prompt))]
+        return [(prompt, await st.encode(prompt))]
     if not prompt:
         raise bad_request("prompt must not be empty", "prompt")
     if isinstance(prompt[0], str):
-        return [(p, tok.encode(p)) for p in prompt]
+        return list(zip(prompt, await st.off_loop(lambda: [tok.encode(p) for p in prompt])))
     if isinstance(prompt[0], int):
         return [(None, list(prompt))]
     return [(None, list(p)) for p in prompt]
@@ -42,11 +42,13 @@ async def create_completion(body: CompletionRequest, request: Request):
     if body.suffix:
         raise bad_request("suffix is not supported", "suffix")
     params = sampling_params(body.to_sampling_params)
-    prompts = _prompts(st, body.prompt)
+    prompts = await _prompts(st, body.prompt)
     for _, ids in prompts:
         st.check_length(len(ids), body.max_tokens, "prompt")
     rid = f"cmpl-{uuid.uuid4().hex}"
-    streams = await add_requests(st, rid, prompts, params)
+    added, streams = await unless_disconnected(request, add_requests(st, rid, prompts, params))
+    if not added:
+        return Response(status_code=499)
     created = int(time.time())
     if body.stream:
         return StreamingResponse(_completion_stream(st, body, model, rid, created, prompts, streams),
@@ -131,11 +133,13 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     model = st.check_model(body.model)
     params = sampling_params(body.to_sampling_params)
     messages = [m.to_template() for m in body.messages]
-    _, ids = st.render_chat(messages, body.add_generation_prompt, body.continue_final_message,
-                            body.chat_template_kwargs)
+    _, ids = await st.render_chat(messages, body.add_generation_prompt, body.continue_final_message,
+                                  body.chat_template_kwargs, body.chat_template)
     st.check_length(len(ids), body.requested_max_tokens, "messages")
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    streams = await add_requests(st, rid, [(None, ids)], params)
+    added, streams = await unless_disconnected(request, add_requests(st, rid, [(None, ids)], params))
+    if not added:
+        return Response(status_code=499)
     created = int(time.time())
     if body.stream:
         return StreamingResponse(_chat_stream(st, body, model, rid, created, len(ids), streams),

@@ -1,22 +1,24 @@
 """Request bodies (pydantic) of the OpenAI, Anthropic and vLLM endpoints, and their SamplingParams.
 
 Unknown fields are accepted and ignored (SDKs send fields a server may not know). Types are checked
-here (FastAPI's 422 becomes a 400 in the API's shape); value ranges are checked by SamplingParams,
-whose messages name the field.
+here (FastAPI's 422 becomes a 400 in the API's shape) and floats must be finite (JSON's NaN and
+Infinity are refused); value ranges are checked by SamplingParams, whose messages name the field.
 """
 from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from engine.sample.sampling import SamplingParams
 
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0  # OpenAI's documented range is [-100, 100]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 class StreamOptions(_Body):
@@ -50,6 +52,16 @@ class _SamplingFields(_Body):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     prompt_logprobs: Optional[int] = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias_in_range(cls, value: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
+        for token, bias in (value or {}).items():
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise PydanticCustomError("logit_bias_range", "the bias of token {token} is {bias}; biases must be "
+                                          "in [-{limit}, {limit}]", {"token": token, "bias": bias,
+                                                                      "limit": f"{MAX_LOGIT_BIAS:g}"})
+        return value
 
     def _sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
                          prompt_logprobs: Optional[int]) -> SamplingParams:
@@ -113,6 +125,7 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: Optional[int] = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template: Optional[str] = None  # used only with --trust-request-chat-template
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
     @property
@@ -173,6 +186,8 @@ class TokenizeRequest(_Body):
     add_special_tokens: Optional[bool] = None  # default: True for a prompt, False for messages
     add_generation_prompt: bool = True
     return_token_strs: Optional[bool] = False
+    chat_template: Optional[str] = None  # used only with --trust-request-chat-template
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
 class DetokenizeRequest(_Body):
@@ -193,3 +208,4 @@ def content_text(content) -> str:
 def _check_logprobs(value: Optional[int], name: str) -> None:
     if value is not None and not 0 <= value <= MAX_LOGPROBS:
         raise ValueError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}.")
+

@@ -1,35 +1,60 @@
 """What the OpenAI and Anthropic handlers share: the server state, model and length checks, chat
-rendering, adding requests, merging streams, disconnect handling, SSE and logprob helpers."""
+rendering and tokenizing (off the event loop), adding requests, merging streams, disconnect handling,
+SSE and logprob helpers."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 
 from fastapi import Request
 
-from engine.async_engine import AsyncLLMEngine, EngineDeadError, RequestStream
+from engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineStepError, RequestStream
 from engine.sample.sampling import SamplingParams
-from engine.entrypoints.server.errors import APIError, bad_request, param_of_value_error
+from engine.entrypoints.server.errors import APIError, bad_request, error_body, internal_error_message, \
+    param_of_value_error
 from engine.entrypoints.server.metrics import ServerMetrics
+from engine.entrypoints.server.template_worker import TemplateError, TemplateRenderer
 
 SAMPLING_FIELDS = ("n", "best_of", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "max_tokens", "min_tokens", "logprobs",
                    "top_logprobs", "prompt_logprobs", "stop", "stop_token_ids", "logit_bias", "seed")
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf
+TOKENIZER_THREADS = min(8, os.cpu_count() or 1)  # the Rust tokenizer releases the GIL while it encodes
+UNTRUSTED_TEMPLATE = ("Chat template is passed with request, but --trust-request-chat-template is not set. "
+                      "Refused request with untrusted chat template.")  # vLLM's words
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")  # the template variables transformers sets
+logger = logging.getLogger("ramlm.server")
+
+
+def _tokenizer_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="ramlm-tokenize")
 
 
 @dataclass
 class ServerState:
+    """What the routes share.
+
+    trust_request_chat_template: use a template sent in the request (`chat_template`,
+        `chat_template_kwargs.chat_template`) instead of refusing it (vLLM's flag of the same name).
+    templates: renders chat templates in worker processes, with a time limit.
+    tokenizer_pool: threads that tokenize and detokenize, so that big prompts do not stall the event loop.
+    """
     engine: AsyncLLMEngine
     model_names: list[str]
     model_path: str
     metrics: ServerMetrics
     created: int = field(default_factory=lambda: int(time.time()))
+    trust_request_chat_template: bool = False
+    templates: TemplateRenderer = field(default_factory=TemplateRenderer)
+    tokenizer_pool: ThreadPoolExecutor = field(default_factory=_tokenizer_pool)
 
     @property
     def tokenizer(self):
@@ -62,29 +87,51 @@ class ServerState:
                               f"{num_prompt + max_tokens} tokens ({num_prompt} in the {what}, {max_tokens} in the "
                               f"completion). Please reduce the length of the {what} or completion.", "max_tokens")
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    continue_final_message: bool = False, template_kwargs: Optional[dict] = None
-                    ) -> tuple[str, list[int]]:
+    async def off_loop(self, fn: Callable, *args, **kwargs) -> Any:
+        """fn(*args, **kwargs) on a tokenizer thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_pool,
+                                                                functools.partial(fn, *args, **kwargs))
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return await self.off_loop(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+
+    async def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                          continue_final_message: bool = False, template_kwargs: Optional[dict] = None,
+                          request_template: Optional[str] = None) -> tuple[str, list[int]]:
         """Chat messages -> (prompt text, token ids). continue_final_message: the last (assistant)
-        message is left open for the model to continue (Anthropic's prefill)."""
+        message is left open for the model to continue (Anthropic's prefill). A template from the request
+        (request_template, or chat_template in template_kwargs) is refused unless the server trusts them."""
         tok = self.tokenizer
         kw = dict(template_kwargs or {})
+        template = kw.pop("chat_template", None) or request_template
+        if template is not None and not self.trust_request_chat_template:
+            raise bad_request(UNTRUSTED_TEMPLATE, "chat_template")
         tail = ""
         if continue_final_message:
             if messages[-1]["role"] != "assistant":
                 raise bad_request("continue_final_message needs the last message to be the assistant's", "messages")
             tail = messages[-1]["content"]
             messages, add_generation_prompt = messages[:-1], True
+        tools, documents = kw.pop("tools", None), kw.pop("documents", None)
         try:
-            text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kw)
-        except Exception as e:  # jinja2.TemplateError (roles that do not alternate, ...), bad kwargs
+            source = tok.get_chat_template(template, tools)
+        except ValueError as e:  # no template at all, or several and none named 'default'
+            raise bad_request(str(e), "chat_template") from e
+        special = {k: v for k in SPECIAL_TOKENS if (v := getattr(tok, k, None))}
+        try:
+            text = await self.templates.render(source, messages, add_generation_prompt=add_generation_prompt,
+                                               tools=tools, documents=documents, special_tokens=special, **kw)
+        except TemplateError as e:  # jinja2.TemplateError (roles that do not alternate, ...), bad kwargs, time
             raise bad_request(f"the chat template rejected the messages: {e}", "messages") from e
-        text += tail
-        ids = tok.encode(text, add_special_tokens=False)
+        return text + tail, await self.off_loop(self._chat_ids, text + tail)
+
+    def _chat_ids(self, text: str) -> list[int]:
+        tok = self.tokenizer
+        ids = tok.encode(text, add_special_tokens=False)  # the template writes BOS itself
         bos = getattr(tok, "bos_token_id", None)
         if getattr(tok, "add_bos_token", False) and bos is not None and ids[:1] != [bos]:
             ids = [bos] + ids
-        return text, ids
+        return ids
 
 
 def state_of(request: Request) -> ServerState:
@@ -100,22 +147,43 @@ def sampling_params(make: Callable[[], SamplingParams]) -> SamplingParams:
 
 async def add_requests(st: ServerState, base_id: str, prompts: Sequence[tuple[Optional[str], list[int]]],
                        params: SamplingParams) -> list[RequestStream]:
-    """One engine request per prompt; all or nothing (a rejected one aborts those already added)."""
-    streams: list[RequestStream] = []
+    """One engine request per prompt, all or nothing: each is checked as the engine would before any is
+    queued, then all are queued at once (a rejected or cancelled one aborts the others)."""
     try:
-        for i, (text, ids) in enumerate(prompts):
-            rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
-            p = params.clone() if len(prompts) > 1 else params
-            streams.append(await st.engine.add_request(rid, {"prompt": text, "prompt_token_ids": ids}, p))
-    except BaseException as e:
-        for s in streams:
-            s.abort()
-        if isinstance(e, (ValueError, TypeError)):
-            raise bad_request(str(e), param_of_value_error(str(e), SAMPLING_FIELDS)) from e
-        if isinstance(e, EngineDeadError):
-            raise APIError(503, str(e)) from e
+        await st.off_loop(_validate_all, st.engine, prompts, params)
+    except (ValueError, TypeError) as e:
+        raise bad_request(str(e), param_of_value_error(str(e), SAMPLING_FIELDS)) from e
+    adds = []
+    for i, (text, ids) in enumerate(prompts):
+        rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
+        p = params.clone() if len(prompts) > 1 else params
+        adds.append(asyncio.ensure_future(st.engine.add_request(rid, {"prompt": text, "prompt_token_ids": ids}, p)))
+    try:
+        await asyncio.wait(adds)
+    except BaseException:  # cancelled (the client left): nothing may stay queued
+        for a in adds:
+            if a.done() and not a.cancelled() and a.exception() is None:
+                a.result().abort()
+            else:
+                a.cancel()  # a cancelled add aborts its request itself
         raise
-    return streams
+    errors = [a.exception() for a in adds if not a.cancelled() and a.exception() is not None]
+    if not errors:
+        return [a.result() for a in adds]
+    for a in adds:
+        if not a.cancelled() and a.exception() is None:
+            a.result().abort()
+    e = errors[0]
+    if isinstance(e, (ValueError, TypeError)):
+        raise bad_request(str(e), param_of_value_error(str(e), SAMPLING_FIELDS)) from e
+    if isinstance(e, EngineDeadError):
+        raise APIError(503, str(e)) from e
+    raise e
+
+
+def _validate_all(engine: AsyncLLMEngine, prompts, params: SamplingParams) -> None:
+    for _, ids in prompts:
+        engine.validate_request(ids, params)
 
 
 async def merge(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, Any]]:
@@ -188,16 +256,16 @@ async def unless_disconnected(request: Request, work: Awaitable) -> tuple[bool, 
 
 
 def stream_error(path: str, e: Exception, request_id: str) -> dict:
-    """The error body sent inside an SSE stream when its request fails after streaming began."""
-    from engine.async_engine import EngineStepError
-    from engine.entrypoints.server.errors import error_body
+    """The error body sent inside an SSE stream when its request fails after streaming began; internals
+    stay in the server log."""
     if isinstance(e, APIError):
         return error_body(path, e.status, e.message, e.param, e.code)
     if isinstance(e, EngineDeadError):
         return error_body(path, 503, str(e))
-    if not isinstance(e, EngineStepError):  # step errors are logged by the engine thread
-        logging.getLogger("ramlm.server").error("stream %s failed", request_id, exc_info=e)
-    return error_body(path, 500, str(e))
+    if isinstance(e, EngineStepError):  # the engine thread logged it under its request id
+        return error_body(path, 500, internal_error_message(e.request_id))
+    logger.error("stream %s failed", request_id, exc_info=e)
+    return error_body(path, 500, internal_error_message(request_id))
 
 
 def sse(data: Any, event: Optional[str] = None) -> str:

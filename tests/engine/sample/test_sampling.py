@@ -29,7 +29,21 @@ class FixedUniform:
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(n=0), "n must be at least 1"),
-    (dict(n=2, best_of=1), "best_of must be greater than or equal to n"),
+    (dict(n=2, best_of=1), "best_of must equal n"),
+    (dict(n=2, best_of=3), "best_of must equal n"),
+    (dict(n=16385), "n must be at most 16384, got 16385. To increase this limit, set the RAMLM_MAX_N_SEQUENCES"),
+    (dict(seed=-2), "seed must be -1 (no seed) or an integer in [0, 2**64 - 1], got -2"),
+    (dict(seed=2**64), "seed must be -1 (no seed) or an integer in [0, 2**64 - 1]"),
+    (dict(seed=1.5), "seed must be -1 (no seed) or an integer"),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty must be a finite number"),
+    (dict(repetition_penalty=float("nan")), "repetition_penalty must be a finite number"),
+    (dict(presence_penalty=float("nan")), "presence_penalty must be in [-2, 2]"),
+    (dict(frequency_penalty=float("inf")), "frequency_penalty must be in [-2, 2]"),
+    (dict(temperature=float("inf")), "temperature must be finite"),
+    (dict(top_p=float("nan")), "top_p must be in (0, 1]"),
+    (dict(min_p=float("nan")), "min_p must be in [0, 1]"),
+    (dict(logit_bias={1: float("nan")}), "logit_bias needs"),
+    (dict(logit_bias={"one": 1.0}), "logit_bias keys must be token ids"),
     (dict(presence_penalty=2.5), "presence_penalty must be in [-2, 2]"),
     (dict(frequency_penalty=-2.1), "frequency_penalty must be in [-2, 2]"),
     (dict(repetition_penalty=0.0), "repetition_penalty must be greater than zero"),
@@ -75,6 +89,9 @@ def test_defaults_and_normalization():
     assert SamplingParams(stop="abc", include_stop_str_in_output=True).output_text_buffer_length == 0
     assert SamplingParams(logit_bias={"5": 1}).logit_bias == {5: 1.0}
     assert SamplingParams(seed=-1).seed is None
+    assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1 and SamplingParams(seed=np.int64(7)).seed == 7
+    assert SamplingParams(n=3, best_of=3).best_of == 3 and SamplingParams(n=16384).n == 16384
+    assert SamplingParams(seed=2**64 - 1, n=2).child_seed(1) == 0 and SamplingParams(n=2).child_seed(1) is None
     assert SamplingParams(seed=3).sampling_type == SamplingType.RANDOM_SEED
     assert SamplingParams(max_tokens=None).max_tokens is None
 
@@ -86,6 +103,9 @@ def test_defaults_and_normalization():
     with pytest.raises(ValueError, match="out-of-vocab"):
         SamplingParams(logit_bias={10: 1.0}).verify_token_ids(10)
     SamplingParams(logit_bias={9: 1.0}, stop_token_ids=[9]).verify_token_ids(10)
+    with pytest.raises(ValueError, match=r"top_k cannot be greater than vocabulary size \(10\), but got 11"):
+        SamplingParams(top_k=11).verify_token_ids(10)
+    SamplingParams(top_k=10).verify_token_ids(10)
 
 
 def test_output_types_are_vllm_shaped():

@@ -1,7 +1,9 @@
 """One real `ramlm serve` subprocess for the whole tests/engine/entrypoints/server package (package-scoped fixture).
 
-It runs the embedded gemma-3-270m on a free 127.0.0.1 port with an API key, two served model names
-and a 1 MiB body limit, so the same server exercises auth, model names and 413s.
+It runs the embedded gemma-3-270m on a free 127.0.0.1 port with an API key, two served model names,
+a 1 MiB body limit, short header and body read timeouts and a connection limit, so the same server
+exercises auth, model names, 413s, 408s and 503s. A second one (`trusting_server`, started only by the
+tests that use it) trusts chat templates sent in requests and stops slow ones after a short time.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +27,10 @@ ALIAS = "gemma-alias"
 MAX_MODEL_LEN = 512
 MAX_BODY = 1 << 20
 START_TIMEOUT_S = 300  # a cold Numba cache compiles the kernels first
+HEADER_TIMEOUT_S = 3.0
+BODY_TIMEOUT_S = 3.0
+LIMIT_CONCURRENCY = 64
+CHAT_TEMPLATE_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -34,8 +41,8 @@ class Server:
     log_path: str
 
     def client(self, **kw) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {self.api_key}"},
-                            timeout=60.0, **kw)
+        kw.setdefault("timeout", 60.0)
+        return httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {self.api_key}"}, **kw)
 
     def metrics(self) -> dict[str, float]:
         from engine.entrypoints.server.metrics import parse_metrics
@@ -63,14 +70,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="package")
-def server():
+@contextmanager
+def running_server(*extra_args: str):
+    """A `ramlm serve` subprocess on a free port, answering /health; stopped on exit."""
     port = free_port()
     log = tempfile.NamedTemporaryFile("w", prefix="ramlm-serve-", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "engine.entrypoints.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory", "0.5", "--api-key", API_KEY,
            "--served-model-name", MODEL, ALIAS, "--max-request-body-bytes", str(MAX_BODY),
-           "--disable-access-log", "--uvicorn-log-level", "warning"]
+           "--disable-access-log", "--uvicorn-log-level", "warning", *extra_args]
     env = {k: v for k, v in os.environ.items() if k != "RAMLM_API_KEY"}
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
     srv = Server(f"http://127.0.0.1:{port}", API_KEY, MODEL, log.name)
@@ -97,6 +105,19 @@ def server():
             proc.wait(timeout=5)
         log.close()
         os.unlink(log.name)
+
+
+@pytest.fixture(scope="package")
+def server():
+    with running_server("--timeout-request-headers", str(HEADER_TIMEOUT_S), "--timeout-request-body",
+                        str(BODY_TIMEOUT_S), "--limit-concurrency", str(LIMIT_CONCURRENCY)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="package")
+def trusting_server():
+    with running_server("--trust-request-chat-template", "--chat-template-timeout", str(CHAT_TEMPLATE_TIMEOUT_S)) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="package")

@@ -6,6 +6,8 @@ as errors while the server keeps serving.
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import threading
 import time
 from types import SimpleNamespace
@@ -32,9 +34,13 @@ class FakeTokenizer:
     def convert_ids_to_tokens(self, ids):
         return [chr(i) for i in ids]
 
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False, **kw):
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False, **kw):  # chat_cli's
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + ("<assistant>" if add_generation_prompt else "")
         return self.encode(text) if tokenize else text
+
+    def get_chat_template(self, chat_template=None, tools=None):  # the server's; renders as apply_chat_template
+        return chat_template or ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                                 "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
 class FakeEngine:
@@ -56,6 +62,10 @@ class FakeEngine:
 
     def _seen(self):
         self.threads.add(threading.current_thread().name)
+
+    def validate_request(self, ids, params):
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than max_model_len ({self.max_model_len})")
 
     def add_request(self, rid, prompt, params):
         self._seen()
@@ -198,7 +208,7 @@ def test_failing_step_fails_live_requests_and_the_loop_goes_on():
         a = await eng.add_request("a", "x", SamplingParams(max_tokens=100_000))
         b = await eng.add_request("b", "y", SamplingParams(max_tokens=100_000))
         for s in (a, b):
-            with pytest.raises(EngineStepError, match="kernel exploded"):
+            with pytest.raises(EngineStepError, match=f"while running request {s.request_id}$"):
                 async for _ in s:
                     pass
         return [o async for o in eng.generate("z", SamplingParams(max_tokens=3), "c")]
@@ -232,12 +242,16 @@ def test_failing_step_reaches_http_clients_as_errors():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://fake") as c:
             r = await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 20})
-            assert r.status_code == 500 and "kernel exploded" in r.json()["error"]["message"]
+            message = r.json()["error"]["message"]  # internals stay in the log, under the request id
+            assert r.status_code == 500 and "kernel exploded" not in message
+            assert re.fullmatch(r"Internal server error \(request id cmpl-\w+\); the server log has the details\.",
+                                message), message
             r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
                                                            "max_tokens": 20, "stream": True})
             assert r.status_code == 200
             lines = [ln for ln in r.text.splitlines() if ln.startswith("data: ")]
-            assert "kernel exploded" in lines[-2] and lines[-1] == "data: [DONE]"
+            assert "kernel exploded" not in lines[-2] and lines[-1] == "data: [DONE]"
+            assert json.loads(lines[-2][6:])["error"]["message"].startswith("Internal server error (request id chatcmpl-")
             r = await c.post("/v1/messages", json={"model": "fake", "max_tokens": 3,
                                                    "messages": [{"role": "user", "content": "x"}]})
             assert r.status_code == 200 and r.json()["content"][0]["text"] == "abc"

@@ -54,6 +54,46 @@ CASES = [
     ("detokenize-bad-id", "/detokenize", {"tokens": [-1]}, 400, ["vocabulary"]),
     ("oversized-body", "/v1/completions", b'{"prompt": "' + b"a" * (MAX_BODY + 10) + b'"}', 413, [str(MAX_BODY)]),
     ("unknown-endpoint", "/v1/nothing-here", {}, 404, []),
+    # Values that used to pass validation and then broke the engine (a seed below -1 was refused only after
+    # it was queued: later requests failed with KeyError) or the server (n copied until RAM ran out).
+    ("seed-below-minus-one", "/v1/completions", {"prompt": "x", "seed": -2}, 400, ["seed", "2**64 - 1"]),
+    ("seed-above-uint64", "/v1/chat/completions", {"messages": CHAT, "seed": 2**64}, 400, ["seed"]),
+    ("n-huge", "/v1/completions", {"prompt": "x", "n": 10**9}, 400,
+     ["n must be at most 16384", "RAMLM_MAX_N_SEQUENCES"]),
+    ("best-of-above-n", "/v1/completions", {"prompt": "x", "best_of": 3}, 400, ["best_of must equal n"]),
+    ("top-k-above-vocab", "/v1/completions", {"prompt": "x", "top_k": 10**9}, 400, ["top_k", "vocabulary size"]),
+    ("logit-bias-not-an-id", "/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1}}, 400, ["logit_bias"]),
+    ("logit-bias-out-of-vocab", "/v1/completions", {"prompt": "x", "logit_bias": {str(10**9): 1}}, 400, ["vocab"]),
+    # Floats must be finite and in range (JSON's NaN and Infinity literals included).
+    ("repetition-penalty-infinity", "/v1/completions", b'{"prompt": "x", "repetition_penalty": Infinity}', 400,
+     ["repetition_penalty", "finite"]),
+    ("temperature-nan", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "Hi"}], "temperature": NaN}', 400, ["temperature", "finite"]),
+    ("top-p-infinity", "/v1/completions", b'{"prompt": "x", "top_p": Infinity}', 400, ["top_p"]),
+    ("min-p-nan", "/v1/completions", b'{"prompt": "x", "min_p": NaN}', 400, ["min_p"]),
+    ("presence-penalty-minus-infinity", "/v1/completions", b'{"prompt": "x", "presence_penalty": -Infinity}', 400,
+     ["presence_penalty"]),
+    ("frequency-penalty-nan", "/v1/completions", b'{"prompt": "x", "frequency_penalty": NaN}', 400,
+     ["frequency_penalty"]),
+    ("logit-bias-infinity", "/v1/completions", b'{"prompt": "x", "logit_bias": {"5": Infinity}}', 400,
+     ["logit_bias"]),
+    ("logit-bias-above-100", "/v1/completions", {"prompt": "x", "logit_bias": {"5": 150}}, 400,
+     ["logit_bias", "[-100, 100]"]),
+    # Lone surrogates (JSON \u escapes that do not pair up) anywhere in a body.
+    ("surrogate-prompt", "/v1/completions", b'{"prompt": "a\\ud800"}', 400, ["prompt", "lone surrogate", "U+D800"]),
+    ("surrogate-prompt-list", "/v1/completions", b'{"prompt": ["ok", "\\udfff b"]}', 400, ["prompt[1]"]),
+    ("surrogate-chat", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi \\ud83d"}]}', 400,
+     ["messages[0].content", "lone surrogate"]),
+    ("surrogate-tokenize", "/tokenize", b'{"prompt": "\\udc00"}', 400, ["prompt", "lone surrogate"]),
+    ("surrogate-model", "/v1/completions", b'{"model": "\\ud800", "prompt": "x"}', 400, ["model", "lone surrogate"]),
+    ("surrogate-key", "/v1/completions", b'{"prompt": "x", "logit_bias": {"\\ud800": 1}}', 400, ["logit_bias"]),
+    # A template from the request runs only on a server started with --trust-request-chat-template.
+    ("request-chat-template", "/v1/chat/completions", {"messages": CHAT, "chat_template": "{{ 'x' }}"}, 400,
+     ["--trust-request-chat-template", "chat_template"]),
+    ("request-chat-template-kwarg", "/v1/chat/completions",
+     {"messages": CHAT, "chat_template_kwargs": {"chat_template": "{{ 'x' }}"}}, 400, ["--trust-request-chat-template"]),
+    ("request-chat-template-tokenize", "/tokenize", {"messages": CHAT, "chat_template": "{{ 'x' }}"}, 400,
+     ["--trust-request-chat-template"]),
 ]
 
 
