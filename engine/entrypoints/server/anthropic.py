@@ -31,7 +31,7 @@ def _messages(body) -> list[dict]:
 def _render(st: ServerState, body) -> list[int]:
     msgs = _messages(body)
     prefill = msgs[-1]["role"] == "assistant"
-    _, ids = st.render_chat(msgs, add_generation_prompt=True, continue_final_message=prefill)
+    _, ids = st.render_chat(msgs, add_generation_prompt=not prefill, continue_final_message=prefill)
     return ids
 
 

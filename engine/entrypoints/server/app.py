@@ -96,7 +96,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
             continue
         field = ".".join(loc)
         param = param or (loc[0] if loc else None)
-        parts.append(f"{field}: {err.get('msg')}" if field else str(err.get("msg")))
+        msg = str(err.get("msg")).removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+        parts.append(f"{field}: {msg}" if field else msg)
     if len(errors) > 5:
         parts.append(f"... and {len(errors) - 5} more")
     return "; ".join(parts) or "invalid request", param
@@ -185,7 +186,7 @@ def build_app(state: ServerState, api_key: str | None = None,
             ids = st.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
         else:
             msgs = [m.to_template() for m in body.messages]
-            _, ids = st.render_chat(msgs, body.add_generation_prompt)  # the template writes BOS itself
+            _, ids = st.render_chat(msgs, body.add_generation_prompt, body.continue_final_message)
         strs = st.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": st.max_model_len, "tokens": ids, "token_strs": strs}
 

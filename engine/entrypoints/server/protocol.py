@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from engine.sample.sampling import SamplingParams
 
@@ -50,6 +50,13 @@ class _SamplingFields(_Body):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     prompt_logprobs: Optional[int] = None
+
+    @field_validator("stream_options", mode="before")
+    @classmethod
+    def _stream_options_need_stream(cls, value, info: ValidationInfo):
+        if value and not info.data.get("stream"):  # vLLM's rule (an empty object passes)
+            raise ValueError("Stream options can only be defined when `stream=True`.")
+        return value
 
     def _sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
                          prompt_logprobs: Optional[int]) -> SamplingParams:
@@ -96,7 +103,7 @@ class TextPart(_Body):
 
 
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: str  # any role goes to the chat template, which decides (vLLM's rule)
     content: Optional[Union[str, list[TextPart]]] = None
     name: Optional[str] = None
 
@@ -114,6 +121,11 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _not_with_generation_prompt(cls, value: bool, info: ValidationInfo) -> bool:
+        return _check_generation_prompt(value, info)
 
     @property
     def requested_max_tokens(self) -> Optional[int]:
@@ -172,7 +184,13 @@ class TokenizeRequest(_Body):
     messages: Optional[list[ChatMessage]] = None
     add_special_tokens: Optional[bool] = None  # default: True for a prompt, False for messages
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     return_token_strs: Optional[bool] = False
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _not_with_generation_prompt(cls, value: bool, info: ValidationInfo) -> bool:
+        return _check_generation_prompt(value, info)
 
 
 class DetokenizeRequest(_Body):
@@ -188,6 +206,13 @@ def content_text(content) -> str:
     if isinstance(content, str):
         return content
     return "".join(p.text for p in content)
+
+
+def _check_generation_prompt(continue_final_message: bool, info: ValidationInfo) -> bool:
+    """vLLM's rule: the final message is either continued or followed by a new assistant turn."""
+    if continue_final_message and info.data.get("add_generation_prompt"):
+        raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    return continue_final_message
 
 
 def _check_logprobs(value: Optional[int], name: str) -> None:

@@ -65,21 +65,15 @@ class ServerState:
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     continue_final_message: bool = False, template_kwargs: Optional[dict] = None
                     ) -> tuple[str, list[int]]:
-        """Chat messages -> (prompt text, token ids). continue_final_message: the last (assistant)
-        message is left open for the model to continue (Anthropic's prefill)."""
+        """Chat messages -> (prompt text, token ids). continue_final_message: the final message is left
+        open for the model to continue (Anthropic's prefill; vLLM's and transformers' flag)."""
         tok = self.tokenizer
         kw = dict(template_kwargs or {})
-        tail = ""
-        if continue_final_message:
-            if messages[-1]["role"] != "assistant":
-                raise bad_request("continue_final_message needs the last message to be the assistant's", "messages")
-            tail = messages[-1]["content"]
-            messages, add_generation_prompt = messages[:-1], True
         try:
-            text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kw)
+            text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                           continue_final_message=continue_final_message, tokenize=False, **kw)
         except Exception as e:  # jinja2.TemplateError (roles that do not alternate, ...), bad kwargs
             raise bad_request(f"the chat template rejected the messages: {e}", "messages") from e
-        text += tail
         ids = tok.encode(text, add_special_tokens=False)
         bos = getattr(tok, "bos_token_id", None)
         if getattr(tok, "add_bos_token", False) and bos is not None and ids[:1] != [bos]:
