@@ -39,6 +39,12 @@ class ServerState:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    @property
+    def prefix_cache_block_size(self) -> Optional[int]:
+        """Tokens per KV block when prefix caching is on (full blocks enter the cache), else None."""
+        kv = self.engine.engine.kv_manager
+        return kv.block_size if getattr(kv, "enable_prefix_caching", False) else None
+
     def check_model(self, name: Optional[str]) -> str:
         """The served name to report; 404 for a model this server does not serve (None = the default)."""
         if name is None or name == "" or name in self.model_names:
