@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import engine
@@ -173,8 +173,8 @@ def build_app(state: ServerState, api_key: str | None = None,
 
     @app.get("/metrics")
     async def metrics(request: Request):
-        st = state_of(request)
-        return PlainTextResponse(st.metrics.render(st.engine.snapshot), media_type="text/plain; version=0.0.4")
+        body, content_type = state_of(request).metrics.exposition(request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest, request: Request):
