@@ -14,8 +14,9 @@ from typing import Optional
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.entrypoints.server.errors import bad_request
+from engine.entrypoints.server import openapi
 from engine.entrypoints.server.protocol import CountTokensRequest, MessagesRequest, content_text
+from engine.entrypoints.server.responses import AnthropicStreamEvent, CountTokensResponse, MessagesResponse
 from engine.entrypoints.server.serving import (ServerState, add_requests, collect, merge, sampling_params, sse, state_of,
                                    stream_error, unless_disconnected)
 
@@ -56,12 +57,12 @@ def _stop(c) -> tuple[str, object]:
     return "end_turn", None
 
 
-@router.post(PATH)
+@router.post(PATH, response_model=MessagesResponse,
+             responses={**openapi.streamed(AnthropicStreamEvent, done_marker=False),
+                        **openapi.errors(*openapi.GENERATION_ERRORS, anthropic=True)})
 async def create_message(body: MessagesRequest, request: Request):
     st = state_of(request)
     model = st.check_model(body.model)
-    if body.max_tokens < 1:
-        raise bad_request(f"max_tokens: must be at least 1, got {body.max_tokens}", "max_tokens")
     params = sampling_params(body.to_sampling_params)
     ids = _render(st, body)
     st.check_length(len(ids), body.max_tokens, "messages")
@@ -114,7 +115,8 @@ def _opening_events(model: str, mid: str, input_usage: dict) -> list[str]:
             sse({"type": "ping"}, "ping")]
 
 
-@router.post(PATH + "/count_tokens")
+@router.post(PATH + "/count_tokens", response_model=CountTokensResponse,
+             responses=openapi.errors(*openapi.REQUEST_ERRORS, anthropic=True))
 async def count_tokens(body: CountTokensRequest, request: Request):
     st = state_of(request)
     st.check_model(body.model)

@@ -12,9 +12,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import engine
 from engine.async_engine import EngineDeadError, EngineStepError
-from engine.entrypoints.server import anthropic, openai
+from engine.entrypoints.server import anthropic, openai, openapi
 from engine.entrypoints.server.errors import APIError, api_error_response, bad_request, error_response
 from engine.entrypoints.server.protocol import DetokenizeRequest, TokenizeRequest
+from engine.entrypoints.server.responses import (DetokenizeResponse, ModelCard, ModelList, TokenizeResponse,
+                                                 VersionResponse)
 from engine.entrypoints.server.serving import ServerState, state_of
 
 logger = logging.getLogger("ramlm.server")
@@ -113,6 +115,7 @@ def build_app(state: ServerState, api_key: str | None = None,
 
     app = FastAPI(title="ramlm", version=engine.__version__, lifespan=lifespan)
     app.state.ramlm = state
+    openapi.install(app, api_key_required=bool(api_key), open_paths=OPEN_PATHS)
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes)
 
     @app.exception_handler(APIError)
@@ -147,36 +150,38 @@ def build_app(state: ServerState, api_key: str | None = None,
     app.include_router(openai.router)
     app.include_router(anthropic.router)
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response,
+             responses=openapi.no_content("The engine is running.", "The engine is not running."))
     async def health(request: Request):
         if not state_of(request).engine.is_running:
             return Response(status_code=503)
         return Response(status_code=200)
 
-    @app.get("/ping")
+    @app.get("/ping", response_class=Response,
+             responses=openapi.no_content("The engine is running.", "The engine is not running."))
     async def ping(request: Request):
         return await health(request)
 
-    @app.get("/version")
+    @app.get("/version", response_model=VersionResponse)
     async def version():
         return {"version": engine.__version__}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList, responses=openapi.errors(401))
     async def models(request: Request):
         st = state_of(request)
         return {"object": "list", "data": [_model_card(st, name) for name in st.model_names]}
 
-    @app.get("/v1/models/{name:path}")
+    @app.get("/v1/models/{name:path}", response_model=ModelCard, responses=openapi.errors(401, 404))
     async def model(name: str, request: Request):
         st = state_of(request)
         return _model_card(st, st.check_model(name))
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses=openapi.METRICS)
     async def metrics(request: Request):
         body, content_type = state_of(request).metrics.exposition(request.headers.get("accept"))
         return Response(body, media_type=content_type)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=openapi.errors(*openapi.REQUEST_ERRORS))
     async def tokenize(body: TokenizeRequest, request: Request):
         st = state_of(request)
         st.check_model(body.model)
@@ -190,7 +195,7 @@ def build_app(state: ServerState, api_key: str | None = None,
         strs = st.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": st.max_model_len, "tokens": ids, "token_strs": strs}
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=openapi.errors(*openapi.REQUEST_ERRORS))
     async def detokenize(body: DetokenizeRequest, request: Request):
         st = state_of(request)
         st.check_model(body.model)

@@ -33,7 +33,7 @@ CASES = [
     ("max-tokens-zero", "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, ["max_tokens"]),
     ("max-tokens-negative-chat", "/v1/chat/completions", {"messages": CHAT, "max_tokens": -3}, 400, ["max_tokens"]),
     ("max-completion-tokens-zero", "/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 0}, 400,
-     ["max_tokens"]),
+     ["max_completion_tokens"]),
     ("logprobs-too-many", "/v1/completions", {"prompt": "x", "logprobs": 50}, 400, ["logprobs"]),
     ("top-logprobs-without-logprobs", "/v1/chat/completions", {"messages": CHAT, "top_logprobs": 2}, 400,
      ["logprobs"]),
