@@ -22,7 +22,7 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
-    include_usage: Optional[bool] = False
+    include_usage: Optional[bool] = True  # vLLM's default: asking for stream options asks for the usage
     continuous_usage_stats: Optional[bool] = False
 
 

@@ -31,6 +31,17 @@ def test_stream_options_without_stream_is_400(client, http):
         assert r.status_code == 200, r.text
 
 
+def test_stream_options_include_usage_by_default(client):
+    kw = dict(model=MODEL, messages=HI, max_tokens=2, stream=True)
+    with_options = list(client.chat.completions.create(**kw, stream_options={}))
+    assert with_options[-1].choices == [] and with_options[-1].usage.completion_tokens == 2  # as in vLLM
+    without = list(client.chat.completions.create(**kw))
+    assert all(chunk.usage is None for chunk in without)
+    off = list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, stream=True,
+                                         stream_options={"include_usage": False}))
+    assert all(chunk.usage is None for chunk in off)
+
+
 def _tokenize(http, **body) -> dict:
     r = http.post("/tokenize", json={"model": MODEL, "return_token_strs": True, **body})
     assert r.status_code == 200, r.text
