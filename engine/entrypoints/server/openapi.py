@@ -86,7 +86,7 @@ def _drop_validation_errors(doc: dict) -> None:
 
 def _add_models(doc: dict, models: tuple[type[BaseModel], ...]) -> None:
     _, top = models_json_schema([(m, "serialization") for m in models],
-                                ref_template="#/components/schemas/{model}")
+                                ref_template=REF + "{model}")
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for name, schema in top.get("$defs", {}).items():
         schemas.setdefault(name, schema)
