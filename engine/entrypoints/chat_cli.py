@@ -23,15 +23,9 @@ Ctrl-C stops the current reply."""
 def add_chat_args(p: argparse.ArgumentParser) -> None:
     from engine.args import EngineArgs
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="same as --model")
+    from engine.entrypoints.sampling_args import add_sampling_args
     p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--sampling-seed", type=int, default=None, help="per-reply seed (reproducible replies)")
-    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-turn (testing)")
+    add_sampling_args(p, max_tokens=512, temperature=0.7, top_p=0.95)  # max_tokens: per reply
     EngineArgs.add_cli_args(p)
 
 
@@ -74,7 +68,7 @@ class ChatSession:
 
     def reply(self, user_text: str) -> bool:
         """Streams the reply to user_text; returns False if it could not run (history unchanged)."""
-        from engine.sample.sampling import SamplingParams
+        from engine.entrypoints.sampling_args import sampling_params_from
         self.history.append({"role": "user", "content": user_text})
         try:
             ids = self.tokenizer.apply_chat_template(self.messages(), add_generation_prompt=True, tokenize=True)
@@ -88,11 +82,8 @@ class ChatSession:
             print(f"[the conversation ({len(ids)} tokens) fills the context ({self.engine.max_model_len}); "
                   f"/reset to start over]", file=self.err)
             return False
-        ns = self.ns
-        params = SamplingParams(max_tokens=min(ns.max_tokens, room), temperature=ns.temperature, top_p=ns.top_p,
-                                top_k=ns.top_k, min_p=ns.min_p, repetition_penalty=ns.repetition_penalty,
-                                seed=ns.sampling_seed, ignore_eos=ns.ignore_eos)
         try:
+            params = sampling_params_from(self.ns, max_tokens=min(self.ns.max_tokens, room))
             rid = self.engine.add_request(None, {"prompt_token_ids": ids}, params)
         except ValueError as e:
             self.history.pop()
@@ -152,9 +143,12 @@ def run_chat(ns: argparse.Namespace, stdin=None) -> int:
     from engine.args import EngineArgs
     if ns.model_tag is not None:
         ns.model = ns.model_tag
+    from engine.entrypoints.sampling_args import sampling_params_from
     stdin = stdin or sys.stdin
     interactive = stdin.isatty()
-    llm = LLM(**vars(EngineArgs.from_cli_args(ns)))
+    engine_args = EngineArgs.from_cli_args(ns)
+    sampling_params_from(ns)  # a bad value fails before the model loads
+    llm = LLM(**vars(engine_args))
     session = ChatSession(llm, ns)
     if interactive:
         try:

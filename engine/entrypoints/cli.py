@@ -42,7 +42,7 @@ def _cmd_plan(ns: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from engine.args import EngineArgs
-    from engine.entrypoints.generate_cli import add_sampling_args
+    from engine.entrypoints.generate_cli import add_generate_args
     p = argparse.ArgumentParser(prog="ramlm", description="CPU-first LLM inference and serving")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text for one prompt, streamed to stdout")
     gen.add_argument("prompt")
     EngineArgs.add_cli_args(gen)
-    add_sampling_args(gen)
+    add_generate_args(gen)
     gen.set_defaults(func=_cmd_generate)
 
     from engine.entrypoints.serve_cli import add_serve_args

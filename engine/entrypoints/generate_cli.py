@@ -7,35 +7,23 @@ import sys
 import time
 
 
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--ignore-eos", action="store_true")
+def add_generate_args(p: argparse.ArgumentParser) -> None:
+    """The prompt's flags: sampling (generated from SamplingParams) and the output's form."""
+    from engine.entrypoints.sampling_args import add_sampling_args
+    add_sampling_args(p, max_tokens=128, temperature=0.0)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
-
-
-def sampling_params_from(ns: argparse.Namespace):
-    from engine import SamplingParams
-    return SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k,
-                          min_p=ns.min_p, repetition_penalty=ns.repetition_penalty, seed=ns.sampling_seed,
-                          stop=ns.stop, ignore_eos=ns.ignore_eos)
 
 
 def run_generate(ns: argparse.Namespace) -> int:
     from engine import LLM
     from engine.args import EngineArgs
+    from engine.entrypoints.sampling_args import sampling_params_from
     args = EngineArgs.from_cli_args(ns)
+    params = sampling_params_from(ns)  # a bad value fails before the model loads
     t0 = time.perf_counter()
     llm = LLM(**vars(args))
     llm.llm_engine.import_torch_when_idle = False  # one prompt, then exit: a background import would delay it
-    params = sampling_params_from(ns)
     prompt = ns.prompt
     if ns.chat:
         prompt = llm.get_tokenizer().apply_chat_template([{"role": "user", "content": prompt}],

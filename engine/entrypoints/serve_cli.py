@@ -123,7 +123,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     engine = AsyncLLMEngine.build(make_engine)
     llm_engine = engine.engine
     names = ns.served_model_name or [default_model_name(args.model, llm_engine.model_path)]
-    metrics = ServerMetrics(names[0])
+    metrics = ServerMetrics(names[0], lambda: engine.snapshot)
     engine.set_hooks(on_first_token=metrics.on_first_token, on_finished=metrics.on_finished,
                      on_aborted=metrics.on_aborted)
     state = ServerState(engine=engine, model_names=list(names), model_path=llm_engine.model_path, metrics=metrics,

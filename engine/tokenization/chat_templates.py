@@ -175,14 +175,55 @@ def normalize_messages(messages: Sequence[Any]) -> list[dict]:
     return out
 
 
-def render(source: str, messages: Sequence[Any], *, add_generation_prompt: bool = True, tools=None,
-           documents=None, special_tokens: Mapping[str, str | None] | None = None, **kwargs) -> str:
+# transformers' marker: appended to the final message's text, then the rendering is cut where it lands.
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _tag_final_message(source: str, messages: list[dict]) -> str:
+    """Appends the marker to the final message's text (its last text part), in place; returns that text."""
+    if not messages:
+        raise ValueError("continue_final_message is set but the conversation is empty")
+    if "content" not in source:
+        raise ValueError('continue_final_message is set but the chat template never reads a message\'s "content"')
+    last = messages[-1]
+    content = last.get("content")
+    if isinstance(content, str):
+        last["content"] = content + _CONTINUE_TAG
+        return content
+    if isinstance(content, (list, tuple)):
+        parts = [dict(p) for p in content]
+        for part in reversed(parts):
+            if isinstance(part.get("text"), str):
+                text = part["text"]
+                part["text"] = text + _CONTINUE_TAG
+                last["content"] = parts
+                return text
+    raise ValueError("continue_final_message is set but the final message has no text to continue")
+
+
+def _cut_at_tag(rendered: str, final_text: str) -> str:
+    """The rendering up to the end of the final message's text (the template's closing tokens dropped)."""
+    tag = _CONTINUE_TAG.strip()
+    if final_text.strip() not in rendered or tag not in rendered:
+        raise ValueError("continue_final_message is set but the final message does not appear in the chat after "
+                         "applying the chat template (the template drops part of it)")
+    loc = rendered.rindex(tag)
+    if rendered[loc:loc + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+        return rendered[:loc]
+    return rendered[:loc].rstrip()  # the template trimmed the message: trim what comes before the tag too
+
+
+def render(source: str, messages: Sequence[Any], *, add_generation_prompt: bool = True,
+           continue_final_message: bool = False, tools=None, documents=None,
+           special_tokens: Mapping[str, str | None] | None = None, **kwargs) -> str:
     """Renders a chat template to text.
 
     Args:
         source: the Jinja template.
-        messages: [{"role": ..., "content": str | list of parts, ...}, ...].
+        messages: [{"role": ..., "content": str | list of parts, ...}, ...]; any role, the template decides.
         add_generation_prompt: end with the header that starts the assistant's turn.
+        continue_final_message: end right after the final message's text, leaving it open for the model to
+            continue (a prefill), as transformers does; not together with add_generation_prompt.
         tools: JSON schemas of tools (dicts), or None.
         documents: retrieval documents (dicts), or None.
         special_tokens: bos_token, eos_token, ... strings, visible to the template.
@@ -191,13 +232,19 @@ def render(source: str, messages: Sequence[Any], *, add_generation_prompt: bool 
         The rendered text (it may start with the BOS token string).
     Raises:
         jinja2.TemplateError: the template raised (e.g. roles that do not alternate).
+        ValueError: continue_final_message cannot be honoured (or comes with add_generation_prompt).
     """
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message and add_generation_prompt are not compatible: the first continues "
+                         "the final message, the second starts a new assistant turn after it")
     if tools is not None:
         tools = list(tools)
         for t in tools:
             if not isinstance(t, Mapping):
                 raise TypeError("tools must be JSON schemas (dicts)")
     variables = {**(special_tokens or {}), **kwargs}
-    return compile_template(source).render(messages=normalize_messages(messages), tools=tools,
-                                           documents=documents, add_generation_prompt=add_generation_prompt,
-                                           **variables)
+    messages = normalize_messages(messages)
+    final_text = _tag_final_message(source, messages) if continue_final_message else None
+    text = compile_template(source).render(messages=messages, tools=tools, documents=documents,
+                                           add_generation_prompt=add_generation_prompt, **variables)
+    return _cut_at_tag(text, final_text) if continue_final_message else text

@@ -178,12 +178,15 @@ class Tokenizer:
         return source
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = False,
-                            tools=None, chat_template: str | None = None, documents=None, **kwargs):
+                            tools=None, chat_template: str | None = None, documents=None,
+                            continue_final_message: bool = False, **kwargs):
         """Renders a chat, as transformers' apply_chat_template does.
 
         Args:
-            messages: [{"role": ..., "content": ...}, ...].
+            messages: [{"role": ..., "content": ...}, ...]; any role the template accepts.
             add_generation_prompt: end with the assistant turn's header.
+            continue_final_message: end inside the final message, for the model to continue it (a prefill);
+                not together with add_generation_prompt.
             tokenize: return token ids instead of text. The text is encoded without adding special
                 tokens (the template writes BOS itself); BOS is put in front only when the model expects
                 one and the template did not write it.
@@ -196,7 +199,8 @@ class Tokenizer:
         special = {"bos_token": self.bos_token, "eos_token": self.eos_token, "unk_token": self.unk_token,
                    "pad_token": self.pad_token}
         text = chat_templates.render(self.get_chat_template(chat_template, tools), messages,
-                                     add_generation_prompt=add_generation_prompt, tools=tools,
+                                     add_generation_prompt=add_generation_prompt,
+                                     continue_final_message=continue_final_message, tools=tools,
                                      documents=documents, special_tokens={k: v for k, v in special.items() if v},
                                      **kwargs)
         if not tokenize:

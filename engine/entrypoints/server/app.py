@@ -8,17 +8,19 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import engine
 from engine.async_engine import EngineDeadError, EngineStepError
-from engine.entrypoints.server import anthropic, openai
+from engine.entrypoints.server import anthropic, openai, openapi
 from engine.entrypoints.server.errors import APIError, api_error_response, bad_request, error_response, \
     internal_error_message
-from engine.entrypoints.server.guard import GuardMiddleware
+from engine.entrypoints.server.guard import OPEN_PATHS, GuardMiddleware
 from engine.entrypoints.server.limits import BODY_TIMEOUT_S, MAX_BODY_BYTES
 from engine.entrypoints.server.protocol import DetokenizeRequest, TokenizeRequest
+from engine.entrypoints.server.responses import (DetokenizeResponse, ModelCard, ModelList, TokenizeResponse,
+                                                 VersionResponse)
 from engine.entrypoints.server.serving import ServerState, state_of
 
 logger = logging.getLogger("ramlm.server")
@@ -35,7 +37,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
             continue
         field = ".".join(loc)
         param = param or (loc[0] if loc else None)
-        parts.append(f"{field}: {err.get('msg')}" if field else str(err.get("msg")))
+        msg = str(err.get("msg")).removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+        parts.append(f"{field}: {msg}" if field else msg)
     if len(errors) > 5:
         parts.append(f"... and {len(errors) - 5} more")
     return "; ".join(parts) or "invalid request", param
@@ -54,6 +57,7 @@ def build_app(state: ServerState, api_key: str | None = None, max_body_bytes: in
 
     app = FastAPI(title="ramlm", version=engine.__version__, lifespan=lifespan)
     app.state.ramlm = state
+    openapi.install(app, api_key_required=bool(api_key), open_paths=OPEN_PATHS)
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes,
                        body_timeout_s=body_timeout_s)
 
@@ -90,36 +94,38 @@ def build_app(state: ServerState, api_key: str | None = None, max_body_bytes: in
     app.include_router(openai.router)
     app.include_router(anthropic.router)
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response,
+             responses=openapi.no_content("The engine is running.", "The engine is not running."))
     async def health(request: Request):
         if not state_of(request).engine.is_running:
             return Response(status_code=503)
         return Response(status_code=200)
 
-    @app.get("/ping")
+    @app.get("/ping", response_class=Response,
+             responses=openapi.no_content("The engine is running.", "The engine is not running."))
     async def ping(request: Request):
         return await health(request)
 
-    @app.get("/version")
+    @app.get("/version", response_model=VersionResponse)
     async def version():
         return {"version": engine.__version__}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList, responses=openapi.errors(401))
     async def models(request: Request):
         st = state_of(request)
         return {"object": "list", "data": [_model_card(st, name) for name in st.model_names]}
 
-    @app.get("/v1/models/{name:path}")
+    @app.get("/v1/models/{name:path}", response_model=ModelCard, responses=openapi.errors(401, 404))
     async def model(name: str, request: Request):
         st = state_of(request)
         return _model_card(st, st.check_model(name))
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses=openapi.METRICS)
     async def metrics(request: Request):
-        st = state_of(request)
-        return PlainTextResponse(st.metrics.render(st.engine.snapshot), media_type="text/plain; version=0.0.4")
+        body, content_type = state_of(request).metrics.exposition(request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=openapi.errors(*openapi.REQUEST_ERRORS))
     async def tokenize(body: TokenizeRequest, request: Request):
         st = state_of(request)
         st.check_model(body.model)
@@ -129,12 +135,12 @@ def build_app(state: ServerState, api_key: str | None = None, max_body_bytes: in
             ids = await st.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
         else:
             msgs = [m.to_template() for m in body.messages]
-            _, ids = await st.render_chat(msgs, body.add_generation_prompt, template_kwargs=body.chat_template_kwargs,
-                                          request_template=body.chat_template)
+            _, ids = await st.render_chat(msgs, body.add_generation_prompt, body.continue_final_message,
+                                          template_kwargs=body.chat_template_kwargs, request_template=body.chat_template)
         strs = await st.off_loop(st.tokenizer.convert_ids_to_tokens, ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": st.max_model_len, "tokens": ids, "token_strs": strs}
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=openapi.errors(*openapi.REQUEST_ERRORS))
     async def detokenize(body: DetokenizeRequest, request: Request):
         st = state_of(request)
         st.check_model(body.model)

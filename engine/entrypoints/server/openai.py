@@ -8,8 +8,11 @@ from typing import Optional
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from engine.entrypoints.server import openapi
 from engine.entrypoints.server.errors import bad_request
 from engine.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.entrypoints.server.responses import (ChatCompletionChunk, ChatCompletionResponse, CompletionChunk,
+                                                 CompletionResponse)
 from engine.entrypoints.server.serving import (ServerState, add_requests, chat_logprobs, collect, legacy_logprobs, merge,
                                    sampling_params, sse, state_of, stream_error, unless_disconnected, usage)
 
@@ -35,7 +38,8 @@ def _echo_text(st: ServerState, text: Optional[str], ids: list[int]) -> str:
     return text if text is not None else st.tokenizer.decode(ids)
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", response_model=CompletionResponse,
+             responses={**openapi.streamed(CompletionChunk, done_marker=True), **openapi.errors(*openapi.GENERATION_ERRORS)})
 async def create_completion(body: CompletionRequest, request: Request):
     st = state_of(request)
     model = st.check_model(body.model)
@@ -127,7 +131,8 @@ async def _completion_stream(st, body: CompletionRequest, model, rid, created, p
     yield "data: [DONE]\n\n"
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+             responses={**openapi.streamed(ChatCompletionChunk, done_marker=True), **openapi.errors(*openapi.GENERATION_ERRORS)})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     st = state_of(request)
     model = st.check_model(body.model)

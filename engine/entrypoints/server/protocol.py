@@ -1,20 +1,23 @@
 """Request bodies (pydantic) of the OpenAI, Anthropic and vLLM endpoints, and their SamplingParams.
 
-Unknown fields are accepted and ignored (SDKs send fields a server may not know). Types are checked
-here (FastAPI's 422 becomes a 400 in the API's shape) and floats must be finite (JSON's NaN and
-Infinity are refused); value ranges are checked by SamplingParams, whose messages name the field.
+Unknown fields are accepted and ignored (SDKs send fields a server may not know). Types and the value
+ranges a field has on its own are declared here (they reach the OpenAPI document; FastAPI's 422 becomes a
+400 in the API's shape), and floats must be finite (JSON's NaN and Infinity are refused); SamplingParams checks
+the rest, with messages that name the field.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine.sample.sampling import SamplingParams
 
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0  # OpenAI's documented range is [-100, 100]
+MAX_SEED = 2**64 - 1  # seeds are unsigned 64-bit; -1 means none
+TokenId = Annotated[int, Field(ge=0)]
 
 
 class _Body(BaseModel):
@@ -22,36 +25,43 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
-    include_usage: Optional[bool] = False
+    include_usage: Optional[bool] = True  # vLLM's default: asking for stream options asks for the usage
     continuous_usage_stats: Optional[bool] = False
 
 
 class _SamplingFields(_Body):
     """Fields shared by completions and chat completions (OpenAI's, then vLLM's extras)."""
     model: Optional[str] = None
-    n: int = 1
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
+    n: int = Field(1, ge=1)
+    temperature: Optional[float] = Field(None, ge=0)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
     stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(None, ge=-1, le=MAX_SEED)
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
-    presence_penalty: Optional[float] = 0.0
-    frequency_penalty: Optional[float] = 0.0
+    presence_penalty: Optional[float] = Field(0.0, ge=-2, le=2)
+    frequency_penalty: Optional[float] = Field(0.0, ge=-2, le=2)
     logit_bias: Optional[dict[str, float]] = None
     user: Optional[str] = None
     # vLLM extras
-    best_of: Optional[int] = None
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    repetition_penalty: Optional[float] = None
+    best_of: Optional[int] = Field(None, ge=1)
+    top_k: Optional[int] = Field(None, ge=-1)  # -1 and 0: off
+    min_p: Optional[float] = Field(None, ge=0, le=1)
+    repetition_penalty: Optional[float] = Field(None, gt=0)
     ignore_eos: bool = False
-    min_tokens: int = 0
-    stop_token_ids: Optional[list[int]] = None
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: Optional[list[TokenId]] = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    prompt_logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @field_validator("stream_options", mode="before")
+    @classmethod
+    def _stream_options_need_stream(cls, value, info: ValidationInfo):
+        if value and not info.data.get("stream"):  # vLLM's rule (an empty object passes)
+            raise ValueError("Stream options can only be defined when `stream=True`.")
+        return value
 
     @field_validator("logit_bias")
     @classmethod
@@ -87,14 +97,12 @@ class _SamplingFields(_Body):
 # ---- /v1/completions ----
 class CompletionRequest(_SamplingFields):
     prompt: Union[list[list[int]], list[int], list[str], str]
-    max_tokens: Optional[int] = 16
-    logprobs: Optional[int] = None
+    max_tokens: Optional[int] = Field(16, ge=1)
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: Optional[bool] = False
     suffix: Optional[str] = None
 
     def to_sampling_params(self) -> SamplingParams:
-        _check_logprobs(self.logprobs, "logprobs")
-        _check_logprobs(self.prompt_logprobs, "prompt_logprobs")
         prompt_lp = self.prompt_logprobs
         if self.echo and self.logprobs is not None:
             prompt_lp = max(self.logprobs, prompt_lp or 0)  # echoed prompt tokens carry logprobs too
@@ -108,7 +116,7 @@ class TextPart(_Body):
 
 
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: str  # any role goes to the chat template, which decides (vLLM's rule)
     content: Optional[Union[str, list[TextPart]]] = None
     name: Optional[str] = None
 
@@ -119,14 +127,19 @@ class ChatMessage(_Body):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Optional[int] = None
-    max_completion_tokens: Optional[int] = None
+    max_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: Optional[bool] = False
-    top_logprobs: Optional[int] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: Optional[str] = None  # used only with --trust-request-chat-template
     chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _not_with_generation_prompt(cls, value: bool, info: ValidationInfo) -> bool:
+        return _check_generation_prompt(value, info)
 
     @property
     def requested_max_tokens(self) -> Optional[int]:
@@ -135,8 +148,6 @@ class ChatCompletionRequest(_SamplingFields):
     def to_sampling_params(self) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs set to true")
-        _check_logprobs(self.top_logprobs, "top_logprobs")
-        _check_logprobs(self.prompt_logprobs, "prompt_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self._sampling_params(self.requested_max_tokens, logprobs, self.prompt_logprobs)
 
@@ -154,19 +165,17 @@ class AnthropicMessage(_Body):
 
 class MessagesRequest(_Body):
     model: str
-    max_tokens: int
+    max_tokens: int = Field(ge=1)
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: Optional[Union[str, list[AnthropicTextBlock]]] = None
     stop_sequences: Optional[list[str]] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
+    temperature: Optional[float] = Field(None, ge=0, le=1)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
+    top_k: Optional[int] = Field(None, ge=0)
     stream: Optional[bool] = False
     metadata: Optional[dict[str, Any]] = None
 
     def to_sampling_params(self) -> SamplingParams:
-        if self.temperature is not None and not 0.0 <= self.temperature <= 1.0:
-            raise ValueError(f"temperature must be in [0, 1], got {self.temperature}.")
         return SamplingParams(max_tokens=self.max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
                               top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0,
                               stop=self.stop_sequences)
@@ -185,14 +194,20 @@ class TokenizeRequest(_Body):
     messages: Optional[list[ChatMessage]] = None
     add_special_tokens: Optional[bool] = None  # default: True for a prompt, False for messages
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     return_token_strs: Optional[bool] = False
     chat_template: Optional[str] = None  # used only with --trust-request-chat-template
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
+    @field_validator("continue_final_message")
+    @classmethod
+    def _not_with_generation_prompt(cls, value: bool, info: ValidationInfo) -> bool:
+        return _check_generation_prompt(value, info)
+
 
 class DetokenizeRequest(_Body):
     model: Optional[str] = None
-    tokens: list[int]
+    tokens: list[int]  # checked against the vocabulary
 
 
 # ---- helpers ----
@@ -205,7 +220,8 @@ def content_text(content) -> str:
     return "".join(p.text for p in content)
 
 
-def _check_logprobs(value: Optional[int], name: str) -> None:
-    if value is not None and not 0 <= value <= MAX_LOGPROBS:
-        raise ValueError(f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}.")
-
+def _check_generation_prompt(continue_final_message: bool, info: ValidationInfo) -> bool:
+    """vLLM's rule: the final message is either continued or followed by a new assistant turn."""
+    if continue_final_message and info.data.get("add_generation_prompt"):
+        raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    return continue_final_message

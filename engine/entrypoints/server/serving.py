@@ -64,6 +64,12 @@ class ServerState:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    @property
+    def prefix_cache_block_size(self) -> Optional[int]:
+        """Tokens per KV block when prefix caching is on (full blocks enter the cache), else None."""
+        kv = self.engine.engine.kv_manager
+        return kv.block_size if getattr(kv, "enable_prefix_caching", False) else None
+
     def check_model(self, name: Optional[str]) -> str:
         """The served name to report; 404 for a model this server does not serve (None = the default)."""
         if name is None or name == "" or name in self.model_names:
@@ -98,20 +104,15 @@ class ServerState:
     async def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                           continue_final_message: bool = False, template_kwargs: Optional[dict] = None,
                           request_template: Optional[str] = None) -> tuple[str, list[int]]:
-        """Chat messages -> (prompt text, token ids). continue_final_message: the last (assistant)
-        message is left open for the model to continue (Anthropic's prefill). A template from the request
-        (request_template, or chat_template in template_kwargs) is refused unless the server trusts them."""
+        """Chat messages -> (prompt text, token ids), the template rendered in a worker process (a time limit,
+        the event loop free). continue_final_message: the final message is left open for the model to continue
+        (Anthropic's prefill; vLLM's and transformers' flag). A template from the request (request_template, or
+        chat_template in template_kwargs) is refused unless the server trusts them."""
         tok = self.tokenizer
         kw = dict(template_kwargs or {})
         template = kw.pop("chat_template", None) or request_template
         if template is not None and not self.trust_request_chat_template:
             raise bad_request(UNTRUSTED_TEMPLATE, "chat_template")
-        tail = ""
-        if continue_final_message:
-            if messages[-1]["role"] != "assistant":
-                raise bad_request("continue_final_message needs the last message to be the assistant's", "messages")
-            tail = messages[-1]["content"]
-            messages, add_generation_prompt = messages[:-1], True
         tools, documents = kw.pop("tools", None), kw.pop("documents", None)
         try:
             source = tok.get_chat_template(template, tools)
@@ -120,10 +121,11 @@ class ServerState:
         special = {k: v for k in SPECIAL_TOKENS if (v := getattr(tok, k, None))}
         try:
             text = await self.templates.render(source, messages, add_generation_prompt=add_generation_prompt,
-                                               tools=tools, documents=documents, special_tokens=special, **kw)
+                                               continue_final_message=continue_final_message, tools=tools,
+                                               documents=documents, special_tokens=special, **kw)
         except TemplateError as e:  # jinja2.TemplateError (roles that do not alternate, ...), bad kwargs, time
             raise bad_request(f"the chat template rejected the messages: {e}", "messages") from e
-        return text + tail, await self.off_loop(self._chat_ids, text + tail)
+        return text, await self.off_loop(self._chat_ids, text)
 
     def _chat_ids(self, text: str) -> list[int]:
         tok = self.tokenizer

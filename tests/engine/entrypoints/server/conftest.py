@@ -45,8 +45,7 @@ class Server:
         return httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {self.api_key}"}, **kw)
 
     def metrics(self) -> dict[str, float]:
-        from engine.entrypoints.server.metrics import parse_metrics
-        return parse_metrics(httpx.get(self.base_url + "/metrics", timeout=10).text)
+        return metric_values(httpx.get(self.base_url + "/metrics", timeout=10).text)
 
     def wait_idle(self, timeout: float = 30.0) -> dict[str, float]:
         """Polls /metrics until nothing runs or waits and no KV block is held; returns the last values."""
@@ -62,6 +61,18 @@ class Server:
 
     def log(self) -> str:
         return Path(self.log_path).read_text(errors="replace")[-5000:]
+
+
+def metric_values(text: str, **labels: str) -> dict[str, float]:
+    """Sample name -> value of /metrics text, read by prometheus_client's own parser; the first sample of
+    each name whose labels include `labels`."""
+    from prometheus_client.parser import text_string_to_metric_families
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if labels.items() <= sample.labels.items():
+                values.setdefault(sample.name, sample.value)
+    return values
 
 
 def free_port() -> int:

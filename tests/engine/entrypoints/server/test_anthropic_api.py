@@ -75,7 +75,9 @@ def test_message_prefill_continues_the_assistant_turn(http):
     r = http.post("/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": msgs, "temperature": 0.0})
     assert r.status_code == 200
     count = http.post("/v1/messages/count_tokens", json={"model": MODEL, "messages": msgs}).json()
-    assert r.json()["usage"]["input_tokens"] == count["input_tokens"]
+    usage = r.json()["usage"]
+    prompt = usage["input_tokens"] + usage["cache_creation_input_tokens"] + usage["cache_read_input_tokens"]
+    assert prompt == count["input_tokens"]
 
 
 def test_message_errors_in_anthropic_shape(http, server):

@@ -18,6 +18,7 @@ import pytest
 from engine.async_engine import AsyncLLMEngine, EngineStepError
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sample.sampling import SamplingParams
+from tests.engine.entrypoints.server.conftest import metric_values
 
 
 class FakeTokenizer:
@@ -226,9 +227,10 @@ def _app(fake):
     from engine.entrypoints.server.app import build_app
     from engine.entrypoints.server.metrics import ServerMetrics
     from engine.entrypoints.server.serving import ServerState
-    metrics = ServerMetrics("fake")
-    eng = AsyncLLMEngine(fake, on_first_token=metrics.on_first_token, on_finished=metrics.on_finished,
-                         on_aborted=metrics.on_aborted)
+    eng = AsyncLLMEngine(fake)
+    metrics = ServerMetrics("fake", lambda: eng.snapshot)
+    eng.set_hooks(on_first_token=metrics.on_first_token, on_finished=metrics.on_finished,
+                  on_aborted=metrics.on_aborted)
     return eng, build_app(ServerState(eng, ["fake"], "/models/fake.gguf", metrics), api_key=None,
                           max_body_bytes=4096)
 
@@ -258,9 +260,9 @@ def test_failing_step_reaches_http_clients_as_errors():
             r = await c.post("/v1/completions", content=b'{"prompt": "' + b"a" * 5000 + b'"}')
             assert r.status_code == 413
             m = (await c.get("/metrics")).text
-            assert 'ramlm:engine_step_errors_total{model_name="fake"} 2' in m
-            assert 'ramlm:request_success_total{model_name="fake",finished_reason="abort"} 2' in m
-            assert 'ramlm:request_success_total{model_name="fake",finished_reason="length"} 1' in m
+            assert metric_values(m, model_name="fake")["ramlm:engine_step_errors_total"] == 2
+            assert metric_values(m, finished_reason="abort")["ramlm:request_success_total"] == 2
+            assert metric_values(m, finished_reason="length")["ramlm:request_success_total"] == 1
     try:
         run(main())
     finally:

@@ -113,17 +113,16 @@ def test_chat_in_a_terminal_ctrl_c_stops_the_reply_not_the_program():
 
 def test_chat_session_keeps_history_and_resets():
     """In-process, over the fake engine of test_async_engine (no model)."""
-    import argparse
     import io
     from types import SimpleNamespace
 
     from engine.entrypoints.chat_cli import ChatSession
+    from engine.entrypoints.cli import build_parser
     from tests.engine.entrypoints.server.test_async_engine import FakeEngine
 
     fake = FakeEngine()
     llm = SimpleNamespace(llm_engine=fake, get_tokenizer=lambda: fake.tokenizer)
-    ns = argparse.Namespace(system="Be brief.", max_tokens=3, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0,
-                            repetition_penalty=1.0, sampling_seed=None, ignore_eos=False)
+    ns = build_parser().parse_args(["chat", "--system", "Be brief.", "--max-tokens", "3", "--temperature", "0"])
     out, err = io.StringIO(), io.StringIO()
     s = ChatSession(llm, ns, out=out, err=err)
     assert s.reply("one") and s.reply("two")
