@@ -90,7 +90,7 @@ if [[ -f "$MODEL" ]]; then
  "gpus": [{"name": "cuda:0", "kind": "cuda", "description": "an 8 GiB card", "total_gib": 8, "free_gib": 7.7,
            "compute_capability": "8.9"}]}
 EOF
-    $PY -m engine.entrypoints.cli plan "$MODEL" --devices /tmp/gpu8.json --n-gpu-layers auto --max-model-len 4096 \
+    $PY -m engine.entrypoints.cli plan "$MODEL" --devices-file /tmp/gpu8.json --n-gpu-layers auto --max-model-len 4096 \
         --max-num-seqs 2
     $PY -m engine.entrypoints.cli plan "$MODEL" --n-gpu-layers auto --max-model-len 4096 --max-num-seqs 8 --json \
         > "$RES/plan_this_gpu.json" || status=1

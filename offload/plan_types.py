@@ -27,6 +27,7 @@ class PlanOptions:
     kv_offload: bool = False            # KV of GPU layers stays in RAM (attention there, llama.cpp's -nkvo)
     num_cpu_blocks: int = 0             # RAM tier behind the GPU KV blocks
     gpu_weight_dtype: str = "auto"      # auto | float32 | float16 | bfloat16 | packed
+    dtype: str = "auto"                 # vLLM's activation dtype: float32/bfloat16 fix the GPU layers' compute type
     block_size: int = 16
     kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
@@ -62,6 +63,8 @@ class PlanOptions:
                 vals.pop(name, None)
         if vals.get("num_cpu_blocks") is None:
             vals.pop("num_cpu_blocks", None)
+        if vals.get("dtype") == "float":
+            vals["dtype"] = "float32"
         if "gpu_weight_dtype" in vals:
             wd = str(vals["gpu_weight_dtype"] or "auto").lower()
             vals["gpu_weight_dtype"] = WEIGHT_DTYPE_ALIASES.get(wd, wd)

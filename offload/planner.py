@@ -84,6 +84,12 @@ class _Planner(SizeModel):
             self.compute_dtype = "bfloat16" if g.supports_bf16() else "float16"
         if o.gpu_weight_dtype in DTYPE_BYTES:
             self.compute_dtype = o.gpu_weight_dtype
+        if o.dtype in ("float32", "bfloat16"):  # vLLM's dtype is the compute type of every layer
+            if o.gpu_weight_dtype in DTYPE_BYTES and o.gpu_weight_dtype != o.dtype:
+                raise ValueError(f"dtype={o.dtype!r} conflicts with gpu_weight_dtype={o.gpu_weight_dtype!r}")
+            if o.dtype == "bfloat16" and not g.supports_bf16():
+                raise ValueError(f"dtype='bfloat16': {g.name} has no bfloat16 support")
+            self.compute_dtype = o.dtype
         desc = f" ({g.description})" if g.description else ""
         mem = "shares memory with the host" if g.shared_with_host else "discrete memory"
         self.reasons.append(f"GPU {g.name}{desc}: {gib(g.total_bytes)}, {gib(g.free_bytes)} free, {mem}; "
