@@ -32,9 +32,10 @@ def ready(sig: tuple) -> bool:
     """Whether block_step runs sig now: cached ones load; uncached ones are noted for start_pending (False)."""
     key = hashlib.sha256(str(sig).encode()).hexdigest()[:16]
     state = _state.get(key)
-    if state is not None:
+    if state in ("ready", "compiling", "failed"):
         return state == "ready"
-    if not BACKGROUND or os.path.exists(_marker(key)):
+    if not BACKGROUND or os.path.exists(_marker(key)):  # a noted signature too, once it may compile in line
+        _wanted.pop(key, None)
         _compile(key, sig)  # a cached signature: a load of ~20 ms
         return _state[key] == "ready"
     _state[key] = "wanted"

@@ -125,12 +125,8 @@ class ChatMessage(_Body):
         return {"role": role, "content": content_text(self.content)}
 
 
-class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Optional[int] = Field(None, ge=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
-    logprobs: Optional[bool] = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+class _ChatTemplateFields(_Body):
+    """How messages are rendered (vLLM's fields, shared by chat completions and /tokenize)."""
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: Optional[str] = None  # used only with --trust-request-chat-template
@@ -139,7 +135,18 @@ class ChatCompletionRequest(_SamplingFields):
     @field_validator("continue_final_message")
     @classmethod
     def _not_with_generation_prompt(cls, value: bool, info: ValidationInfo) -> bool:
-        return _check_generation_prompt(value, info)
+        """vLLM's rule: the final message is either continued or followed by a new assistant turn."""
+        if value and info.data.get("add_generation_prompt"):
+            raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        return value
+
+
+class ChatCompletionRequest(_ChatTemplateFields, _SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
 
     @property
     def requested_max_tokens(self) -> Optional[int]:
@@ -188,21 +195,12 @@ class CountTokensRequest(_Body):
 
 
 # ---- /tokenize, /detokenize (vLLM) ----
-class TokenizeRequest(_Body):
+class TokenizeRequest(_ChatTemplateFields):
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[list[ChatMessage]] = None
     add_special_tokens: Optional[bool] = None  # default: True for a prompt, False for messages
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
     return_token_strs: Optional[bool] = False
-    chat_template: Optional[str] = None  # used only with --trust-request-chat-template
-    chat_template_kwargs: Optional[dict[str, Any]] = None
-
-    @field_validator("continue_final_message")
-    @classmethod
-    def _not_with_generation_prompt(cls, value: bool, info: ValidationInfo) -> bool:
-        return _check_generation_prompt(value, info)
 
 
 class DetokenizeRequest(_Body):
@@ -219,9 +217,3 @@ def content_text(content) -> str:
         return content
     return "".join(p.text for p in content)
 
-
-def _check_generation_prompt(continue_final_message: bool, info: ValidationInfo) -> bool:
-    """vLLM's rule: the final message is either continued or followed by a new assistant turn."""
-    if continue_final_message and info.data.get("add_generation_prompt"):
-        raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-    return continue_final_message
