@@ -43,6 +43,9 @@ _TANH_BIG = np.float32(20.0)  # tanh is 1.0f beyond ~9
 # gelu tanh approximation: sqrt(2/pi) and 0.044715, as torch's gelu(approximate='tanh')
 _GELU_BETA = np.float32(0.7978845608028654)
 _GELU_KAPPA = np.float32(0.044715)
+# gpt-oss's clamped SwiGLU (transformers' GptOssExperts: alpha 1.702, limit 7.0)
+_OAI_ALPHA = np.float32(1.702)
+_OAI_LIMIT = np.float32(7.0)
 
 
 @intrinsic
@@ -125,6 +128,37 @@ def _gelu_tanh_mul_rows(a, ga, b, ub, out, t0, t1, f0, f1):
             g = gr[f]
             u = _GELU_BETA * (g + _GELU_KAPPA * (g * g * g))
             orow[f] = g / (_F1 + exp_f32(-_F2 * u)) * ur[f]
+
+
+@njit(cache=True, error_model="numpy")
+def _swiglu_oai_rows(a, ga, b, ub, out, t0, t1, f0, f1):
+    # gpt-oss's clamped SwiGLU: min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1).
+    for t in range(t0, t1):
+        gr, ur, orow = a[t, ga + f0:ga + f1], b[t, ub + f0:ub + f1], out[t, f0:f1]  # see _silu_mul_rows
+        for f in range(orow.shape[0]):
+            g = min(gr[f], _OAI_LIMIT)
+            u = min(max(ur[f], -_OAI_LIMIT), _OAI_LIMIT)
+            orow[f] = g / (_F1 + exp_f32(-_OAI_ALPHA * g)) * (u + _F1)
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _swiglu_oai_par(a, ga, b, ub, out):
+    T, F = out.shape
+    nc = (F + _CHUNK - 1) // _CHUNK
+    for i in prange(T * nc):
+        t, c = i // nc, i % nc
+        _swiglu_oai_rows(a, ga, b, ub, out, t, t + 1, c * _CHUNK, min(F, (c + 1) * _CHUNK))
+
+
+@njit(cache=True, error_model="numpy")
+def _swiglu_oai(a, ga, b, ub, F):
+    T = a.shape[0]
+    out = np.empty((T, F), np.float32)
+    if T * F >= _PAR_MIN_ELEMS:
+        _swiglu_oai_par(a, ga, b, ub, out)
+    else:
+        _swiglu_oai_rows(a, ga, b, ub, out, 0, T, 0, F)
+    return out
 
 
 @njit(cache=True, error_model="numpy", parallel=True)

@@ -11,19 +11,19 @@ from __future__ import annotations
 from collections import namedtuple
 
 import numpy as np
-from numba import literal_unroll, njit
+from numba import literal_unroll, njit, types
 from numba.extending import overload
 
 from cpu_kernels import norms
-from cpu_kernels.activations import _gelu_tanh_mul, _silu_mul
+from cpu_kernels.activations import _gelu_tanh_mul, _silu_mul, _swiglu_oai
 from cpu_kernels.attention import _paged_attention, _paged_attention_serial
 from cpu_kernels.attn_inputs import _attn_inputs
-from cpu_kernels.moe import expert_rows, moe_accumulate
+from cpu_kernels.moe import add_shared, expert_rows, moe_accumulate
 from cpu_kernels.norms import residual_rms_norm, rms_norm
 from cpu_kernels.quant.packed import gemv_packed, packed_slice
 from cpu_kernels.thread_count import get_threads, set_threads
 
-ACT_SILU, ACT_GELU_TANH = 0, 1
+ACT_SILU, ACT_GELU_TANH, ACT_SWIGLU_OAI = 0, 1, 2
 
 # gemvs: packed weights (quant.packed) of (q's group, k's group, v's group, o); dims, nbytes: their output widths
 # and bytes; biases: f32 per group output and o ((0,) = none); layout: (k_src, v_src, q0, k0, v0, num_heads, neox)
@@ -33,9 +33,12 @@ FusedAttention = namedtuple("FusedAttention", ("gemvs", "dims", "nbytes", "biase
 # gemvs: (gate's group, up's group, down); layout: (up_src, gate0, up0, F, act): up_src 1 = up's columns are in
 # gate's group output; gate0/up0 the parts' first columns; F the width of each.
 FusedGatedMLP = namedtuple("FusedGatedMLP", ("gemvs", "dims", "nbytes", "layout"))
-# router: packed (E, H) weight; experts: (gate, up, down) packed with a leading expert axis; dims: (E, F, H);
-# nbytes: the router's and one expert's (gate, up, down) bytes; layout: (top_k, norm_topk_prob, act).
-FusedMoE = namedtuple("FusedMoE", ("router", "experts", "dims", "nbytes", "layout"))
+# router: packed (E, H) weight; experts: (gate, up, down) packed with a leading expert axis; biases: their (E, N)
+# f32 biases ((0, 0): none); dims: (E, F, H); nbytes: the router's and one expert's (gate, up, down) bytes; layout:
+# (top_k, norm_topk_prob, act, scoring, n_group, topk_group); f: (routed_scale,); router_bias, selection_bias: f32
+# ((0,): none); shared: the shared expert's FusedGatedMLP or (); shared_gate: its gate weight ((0,): none).
+FusedMoE = namedtuple("FusedMoE", ("router", "experts", "biases", "dims", "nbytes", "layout", "f", "router_bias",
+                                   "selection_bias", "shared", "shared_gate"))
 for _cls in (FusedAttention, FusedGatedMLP, FusedMoE):
     _cls.__module__ = __name__  # Numba's cache pickles the types by reference
 
@@ -77,7 +80,11 @@ def _norm_threads(x, bar, nt):
 def _act(a, ga, b, ub, f, act, bar, nt):
     """The gated activation of layers.GatedMLP, on one thread when its input is small."""
     set_threads(_small(a.nbytes, bar, nt))
-    return _gelu_tanh_mul(a, ga, b, ub, f) if act == ACT_GELU_TANH else _silu_mul(a, ga, b, ub, f)
+    if act == ACT_GELU_TANH:
+        return _gelu_tanh_mul(a, ga, b, ub, f)
+    if act == ACT_SWIGLU_OAI:
+        return _swiglu_oai(a, ga, b, ub, f)
+    return _silu_mul(a, ga, b, ub, f)
 
 
 @njit(cache=True)
@@ -126,24 +133,52 @@ def _mlp_step(m, h, ctx):
 
 
 @njit(cache=True)
+def _expert_gemv(p3, e, bias2, n_out, nbytes, x, bar, nt):
+    """Expert e's GEMV over its stacked weight, with its bias row where the experts have biases."""
+    y = _gemv(packed_slice(p3, e), n_out, nbytes, x, bar, nt)
+    if bias2.shape[0]:
+        for n in range(n_out):
+            y[0, n] += bias2[e, n]
+    return y
+
+
+def shared_step(shared, h, out, gate_w, ctx):
+    """out += the shared expert's output (gated); nothing for () (compiled code only)."""
+    raise TypeError("shared_step runs in compiled code only")
+
+
+@overload(shared_step)
+def _shared_step(shared, h, out, gate_w, ctx):
+    if getattr(shared, "instance_class", None) is FusedGatedMLP:
+        def impl(shared, h, out, gate_w, ctx):
+            add_shared(out, _mlp_step(shared, h, ctx), gate_w, h)
+        return impl
+    if isinstance(shared, types.BaseTuple) and len(shared) == 0:
+        return lambda shared, h, out, gate_w, ctx: None
+    return None
+
+
+@njit(cache=True)
 def _moe_step(m, h, ctx):
-    """parts/moe.py's MoE: router, top-k, each chosen expert's gated MLP, weighted sum in expert order."""
+    """parts/moe.py's MoE: router, top-k, each chosen expert's gated MLP, weighted sum in expert order, shared."""
     bar, nt = ctx[9], ctx[10]
     E, F, H = m.dims
     br, bg, bu, bd = m.nbytes
-    top_k, norm, act = m.layout
-    logits = _gemv(m.router, E, br, h, bar, nt)
-    ids, weights = expert_rows(logits, top_k, norm != 0)
+    top_k, norm, act, scoring, n_group, topk_group = m.layout
+    logits = _gemv_bias(m.router, E, br, m.router_bias, h, bar, nt)
+    ids, weights = expert_rows(logits, m.selection_bias, top_k, scoring, n_group, topk_group, norm != 0, m.f[0])
     out = np.zeros_like(h)
     gate3, up3, down3 = m.experts
+    gb, ub, db = m.biases
     for t in range(h.shape[0]):
         x = h[t:t + 1]
         for j in range(top_k):
             e = ids[t, j]
-            g = _gemv(packed_slice(gate3, e), F, bg, x, bar, nt)
-            u = _gemv(packed_slice(up3, e), F, bu, x, bar, nt)
-            y = _gemv(packed_slice(down3, e), H, bd, _act(g, 0, u, 0, F, act, bar, nt), bar, nt)
+            g = _expert_gemv(gate3, e, gb, F, bg, x, bar, nt)
+            u = _expert_gemv(up3, e, ub, F, bu, x, bar, nt)
+            y = _expert_gemv(down3, e, db, H, bd, _act(g, 0, u, 0, F, act, bar, nt), bar, nt)
             moe_accumulate(out[t], weights[t, j], y[0])
+    shared_step(m.shared, h, out, m.shared_gate, ctx)
     return out
 
 

@@ -122,18 +122,60 @@ class DeviceGatedMLP:
 
 
 class DeviceMoE:
-    """softmax router -> top-k experts per token (ties to the lower id, as the CPU MoE) -> weighted sum."""
+    """Router -> top-k experts per token (ties to the lower id, as the CPU MoE) -> weighted sum, plus the shared
+    expert. scoring softmax | sigmoid | topk_softmax; selection_bias joins the choice only; n_group/topk_group
+    limit the choice to the best groups; expert_biases: (gate, up, down) (E, N) arrays or None."""
 
-    def __init__(self, router, experts: list, top_k: int, norm_topk_prob: bool, act: str = "silu"):
+    def __init__(self, router, experts: list, top_k: int, norm_topk_prob: bool, act: str = "silu",
+                 scoring: str = "softmax", selection_bias=None, n_group: int = 1, topk_group: int = 1,
+                 routed_scale: float = 1.0, expert_biases=None, shared=None, shared_gate=None):
         self.router, self.experts, self.top_k, self.norm_topk_prob = router, experts, top_k, norm_topk_prob
-        self.act = ops.ACTIVATIONS[act]
+        self.act, self.scoring = ops.ACTIVATIONS[act], scoring
+        self.selection_bias = selection_bias if selection_bias is not None and len(selection_bias) else None
+        self.n_group, self.topk_group, self.routed_scale = n_group, topk_group, routed_scale
+        self.expert_biases = expert_biases
+        self.shared = shared
+        self.shared_gate = shared_gate if shared_gate is not None and len(shared_gate) else None
+        self._moved = False
 
-    def __call__(self, x: torch.Tensor, batch=None, kv=None) -> torch.Tensor:
-        probs = torch.softmax(self.router(x), dim=1)
-        top = torch.sort(probs, dim=1, descending=True, stable=True).indices[:, : self.top_k]
+    def _to(self, device) -> None:
+        """Small routing vectors follow the activations' device on first use."""
+        if self._moved:
+            return
+        as_t = lambda a: torch.as_tensor(np.array(a, np.float32), device=device)  # noqa: E731
+        if self.selection_bias is not None:
+            self.selection_bias = as_t(self.selection_bias)
+        if self.shared_gate is not None:
+            self.shared_gate = as_t(self.shared_gate)
+        if self.expert_biases is not None:
+            self.expert_biases = [as_t(b) for b in self.expert_biases]
+        self._moved = True
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.scoring == "softmax":
+            probs = torch.softmax(logits, dim=1)
+        elif self.scoring == "sigmoid":
+            probs = torch.sigmoid(logits)
+        else:
+            probs = logits
+        sel = probs if self.selection_bias is None else probs + self.selection_bias
+        if self.n_group > 1:
+            T, E = sel.shape
+            groups = sel.view(T, self.n_group, E // self.n_group).topk(2, dim=-1).values.sum(-1)
+            keep = torch.sort(groups, dim=1, descending=True, stable=True).indices[:, : self.topk_group]
+            mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(1, keep, True)
+            sel = sel.masked_fill(~mask.repeat_interleave(E // self.n_group, dim=1), float("-inf"))
+        top = torch.sort(sel, dim=1, descending=True, stable=True).indices[:, : self.top_k]
         weights = probs.gather(1, top)
+        if self.scoring == "topk_softmax":
+            weights = torch.softmax(weights, dim=1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=1, keepdim=True)
+        return top, weights * self.routed_scale
+
+    def __call__(self, x: torch.Tensor, batch=None, kv=None) -> torch.Tensor:
+        self._to(x.device)
+        top, weights = self.route(self.router(x))
         out = torch.zeros_like(x)
         top_np = top.cpu().numpy()  # one sync: which experts run is decided on the host
         for e in np.unique(top_np):
@@ -141,8 +183,18 @@ class DeviceMoE:
             rows_t = torch.as_tensor(rows, device=x.device)
             gate, up, down = self.experts[e]
             xe = x.index_select(0, rows_t)
-            y = down(self.act(gate(xe), up(xe)))
+            g, u = gate(xe), up(xe)
+            if self.expert_biases is not None:
+                g, u = g + self.expert_biases[0][e], u + self.expert_biases[1][e]
+            y = down(self.act(g, u))
+            if self.expert_biases is not None:
+                y = y + self.expert_biases[2][e]
             out.index_add_(0, rows_t, weights[rows_t, torch.as_tensor(slot, device=x.device)][:, None] * y)
+        if self.shared is not None:
+            y = self.shared(x)
+            if self.shared_gate is not None:
+                y = torch.sigmoid(x @ self.shared_gate)[:, None] * y
+            out = out + y
         return out
 
 

@@ -80,4 +80,10 @@ def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
     return cap * torch.tanh(x / cap)
 
 
-ACTIVATIONS = {"silu": silu_mul, "gelu_tanh": gelu_tanh_mul}
+def swiglu_oai_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU, as cpu_kernels' _swiglu_oai: min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, +-7) + 1)."""
+    g, u = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+    return g / (1.0 + torch.exp(-1.702 * g)) * (u + 1.0)
+
+
+ACTIVATIONS = {"silu": silu_mul, "gelu_tanh": gelu_tanh_mul, "swiglu_oai": swiglu_oai_mul}

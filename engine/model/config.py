@@ -35,6 +35,17 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     dense_layers: tuple[int, ...] = ()  # layers of a MoE model with a dense MLP instead
+    expert_gating: str = "softmax"      # softmax | sigmoid | topk_softmax (cpu_kernels.moe.SCORINGS)
+    expert_shared_count: int = 0        # shared experts, each moe_intermediate_size wide, fused into one MLP
+    expert_group_count: int = 1         # group-limited routing (DeepSeek): groups, and groups kept
+    expert_group_used_count: int = 1
+    expert_weights_scale: float = 1.0   # routed_scaling_factor
+    # Attention variants
+    rope_dim: int = 0                   # rotated dims of a head (partial rotary); 0 = head_dim
+    attn_bias: bool = False             # q/k/v biases
+    qk_norm: bool = False               # per-head RMSNorm of q and k before RoPE
+    # Multi-token-prediction layers after the main ones (kept in the file, not run by the decoder)
+    nextn_layers: int = 0
     # Tokens
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()

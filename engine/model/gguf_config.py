@@ -120,9 +120,8 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     if value_dim != head_dim:
         raise ModelLoadError(f"{gf.path}: key_length {head_dim} != value_length {value_dim} is not supported")
     rope_dim = m.num("rope.dimension_count", head_dim)
-    if rope_dim != head_dim:
-        raise ModelLoadError(f"{gf.path}: partial rotary (rope.dimension_count {rope_dim} < head_dim "
-                             f"{head_dim}) is not supported")
+    if not 0 < rope_dim <= head_dim or rope_dim % 2:
+        raise ModelLoadError(f"{gf.path}: rope.dimension_count {rope_dim} does not fit head_dim {head_dim}")
     bos, eos = _token_ids(gf)
     kw: dict[str, Any] = dict(
         arch=arch.name,
@@ -136,6 +135,7 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         rms_norm_eps=m.num("attention.layer_norm_rms_epsilon", required=True, kind=float),
         rope_theta=m.num("rope.freq_base", 10000.0, kind=float),
         rope_scaling=_rope_scaling(m),
+        rope_dim=rope_dim if rope_dim != head_dim else 0,
         max_position_embeddings=m.num("context_length", required=True),
         tie_word_embeddings="output.weight" not in gf.tensors,
         attn_logit_softcap=m.num("attn_logit_softcapping", 0.0, kind=float),

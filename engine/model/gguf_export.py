@@ -27,7 +27,9 @@ def write_metadata(w: gguf.GGUFWriter, cfg: ModelConfig) -> None:
     w.add_name(cfg.name or a)
     w.add_uint32(f"{a}.context_length", cfg.max_position_embeddings)
     w.add_uint32(f"{a}.embedding_length", cfg.hidden_size)
-    w.add_uint32(f"{a}.block_count", cfg.num_layers)
+    w.add_uint32(f"{a}.block_count", cfg.num_layers + cfg.nextn_layers)  # llama.cpp counts the MTP layers
+    if cfg.nextn_layers:
+        w.add_uint32(f"{a}.nextn_predict_layers", cfg.nextn_layers)
     w.add_uint32(f"{a}.feed_forward_length", cfg.intermediate_size)
     w.add_uint32(f"{a}.attention.head_count", cfg.num_heads)
     w.add_uint32(f"{a}.attention.head_count_kv", cfg.num_kv_heads)
@@ -35,7 +37,7 @@ def write_metadata(w: gguf.GGUFWriter, cfg: ModelConfig) -> None:
     w.add_uint32(f"{a}.attention.value_length", cfg.head_dim)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
     w.add_float32(f"{a}.rope.freq_base", cfg.rope_theta)
-    w.add_uint32(f"{a}.rope.dimension_count", cfg.head_dim)
+    w.add_uint32(f"{a}.rope.dimension_count", cfg.rope_dim or cfg.head_dim)
     rs = cfg.rope_scaling
     if rs.type not in ("none", "llama3"):  # llama3 travels as the rope_freqs.weight tensor
         w.add_string(f"{a}.rope.scaling.type", rs.type)
@@ -53,6 +55,17 @@ def write_metadata(w: gguf.GGUFWriter, cfg: ModelConfig) -> None:
         w.add_uint32(f"{a}.expert_count", cfg.num_experts)
         w.add_uint32(f"{a}.expert_used_count", cfg.num_experts_per_tok)
         w.add_uint32(f"{a}.expert_feed_forward_length", cfg.moe_intermediate_size)
+        w.add_bool(f"{a}.expert_weights_norm", cfg.norm_topk_prob)
+        w.add_uint32(f"{a}.expert_gating_func", {"softmax": 1, "sigmoid": 2}.get(cfg.expert_gating, 1))
+        if cfg.expert_shared_count:
+            w.add_uint32(f"{a}.expert_shared_count", cfg.expert_shared_count)
+        if cfg.expert_weights_scale != 1.0:
+            w.add_float32(f"{a}.expert_weights_scale", cfg.expert_weights_scale)
+        if cfg.expert_group_count > 1:
+            w.add_uint32(f"{a}.expert_group_count", cfg.expert_group_count)
+            w.add_uint32(f"{a}.expert_group_used_count", cfg.expert_group_used_count)
+        if cfg.dense_layers and cfg.dense_layers == tuple(range(len(cfg.dense_layers))):
+            w.add_uint32(f"{a}.leading_dense_block_count", len(cfg.dense_layers))
 
 
 def write_gguf(path: str, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],

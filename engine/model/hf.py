@@ -38,7 +38,14 @@ LAYER_MAP = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
     "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp", "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
+# Per-layer HF tensors whose names end otherwise (DeepSeek's routing bias), mapped whole.
+SPECIAL_MAP = {"mlp.gate.e_score_correction_bias": "exp_probs_b.bias"}
+_SPECIAL_RE = re.compile(r"model\.layers\.(\d+)\.(mlp\.gate\.e_score_correction_bias)$")
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 _EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 _FUSED_EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj$")
@@ -261,6 +268,8 @@ class HFWeights(WeightSource):
                 self._add_fused_experts(int(m[1]), m[2], src)
             elif (m := _LAYER_RE.match(hf)) and m[2] in layer_map:
                 self._add(f"blk.{m[1]}.{layer_map[m[2]]}.{m[3]}", c, src)
+            elif m := _SPECIAL_RE.match(hf):
+                self._add(f"blk.{m[1]}.{SPECIAL_MAP[m[2]]}", c, src)
             else:
                 self.unmapped.append(src[1])
         for (layer, proj), by_expert in sorted(experts.items()):
@@ -318,9 +327,12 @@ class HFWeights(WeightSource):
                                    lambda ld=load, i=i: np.ascontiguousarray(ld()[:, i * half:(i + 1) * half]))
 
     def _reconcile(self, c: ModelConfig) -> ModelConfig:
-        """Make config and tensors agree: tied <=> no output.weight (the GGUF rule); vocab = logits rows."""
+        """Make config and tensors agree: tied <=> no output.weight (the GGUF rule); vocab = logits rows; the MTP
+        layers are those the folder holds after the main ones (config.json may count some it does not hold)."""
         if "token_embd.weight" not in self._tensors:
             _fail(self.path, "missing required tensor 'model.embed_tokens.weight'")
+        extra = {int(n.split(".")[1]) for n in self._tensors if n.startswith("blk.")} - set(range(c.num_layers))
+        c = replace(c, nextn_layers=len(extra))
         if c.tie_word_embeddings or "output.weight" not in self._tensors:
             self._tensors.pop("output.weight", None)
             c = replace(c, tie_word_embeddings=True)

@@ -14,11 +14,13 @@ from cpu_kernels.rope import RopeScaling
 @dataclass(frozen=True)
 class RopeSpec:
     """One RoPE table: base, scaling, pairing (neox: (i, i + d/2); else (2i, 2i + 1), llama's permuted GGUF
-    rows), and whether llama.cpp's rope_freqs.weight tensor (llama 3.1's scaling) divides the frequencies."""
+    rows, both within the rotated dims), whether llama.cpp's rope_freqs.weight tensor (llama 3.1's scaling) divides
+    the frequencies, and how many leading dims rotate."""
     theta: float
     scaling: RopeScaling = field(default_factory=RopeScaling)
     neox: bool = False
     freqs_tensor: bool = False
+    dim: int = 0  # rotated dims of a head, the first ones (partial rotary); 0 = all
 
 
 @dataclass(frozen=True)
@@ -66,18 +68,46 @@ class GatedMLPSpec:
 
 @dataclass(frozen=True)
 class MoESpec:
-    """A softmax router (ffn_gate_inp) picking top_k of num_experts gated experts per token (ffn_gate/up/down_exps,
-    stacked (E, N, K)); norm_topk_prob renormalizes the chosen weights."""
+    """A router (ffn_gate_inp) picking top_k of num_experts gated experts per token (ffn_gate/up/down_exps, stacked
+    (E, N, K)), their outputs added with the router's weights, plus an optional shared expert.
+
+    scoring: softmax (over all experts), sigmoid, or topk_softmax (choose on the raw logits, softmax over the
+    chosen: gpt-oss). selection_bias: exp_probs_b.bias is added to the scores for the choice only (DeepSeek's
+    correction bias). n_group/topk_group: only the experts of the topk_group best groups (by their two best scores)
+    compete. norm_topk_prob: the chosen weights are renormalized; routed_scale multiplies them. router_bias /
+    expert_bias: ffn_gate_inp.bias / ffn_{gate,up,down}_exps.bias. act: silu, gelu_tanh or swiglu_oai (gpt-oss's
+    clamped SwiGLU). shared: an always-on expert added to the output, scaled by sigmoid(ffn_gate_inp_shexp . x)
+    with shared_gate (qwen3.5)."""
     num_experts: int
     top_k: int
     width: int
     norm_topk_prob: bool = True
     act: str = "silu"
+    scoring: str = "softmax"
+    selection_bias: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scale: float = 1.0
+    router_bias: bool = False
+    expert_bias: bool = False
+    shared: GatedMLPSpec | None = None
+    shared_gate: bool = False
 
     def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
         H, E, F = cfg.hidden_size, self.num_experts, self.width
-        return {"ffn_gate_inp.weight": (E, H), "ffn_gate_exps.weight": (E, F, H), "ffn_up_exps.weight": (E, F, H),
-                "ffn_down_exps.weight": (E, H, F)}
+        out = {"ffn_gate_inp.weight": (E, H), "ffn_gate_exps.weight": (E, F, H), "ffn_up_exps.weight": (E, F, H),
+               "ffn_down_exps.weight": (E, H, F)}
+        if self.router_bias:
+            out["ffn_gate_inp.bias"] = (E,)
+        if self.selection_bias:
+            out["exp_probs_b.bias"] = (E,)
+        if self.expert_bias:
+            out.update({"ffn_gate_exps.bias": (E, F), "ffn_up_exps.bias": (E, F), "ffn_down_exps.bias": (E, H)})
+        if self.shared is not None:
+            out.update(self.shared.tensors(cfg))
+        if self.shared_gate:
+            out["ffn_gate_inp_shexp.weight"] = (H,)
+        return out
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,17 @@ def tiny_config(arch: str):
     if arch == "qwen3moe":
         return transformers.Qwen3MoeConfig(**COMMON, moe_intermediate_size=256, num_experts=8, num_experts_per_tok=2,
                                            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+    if arch == "glm4moe":  # a dense first layer, grouped sigmoid routing, a shared expert, half-head RoPE, biases
+        cfg = dict(COMMON, num_hidden_layers=3)
+        return transformers.Glm4MoeConfig(**cfg, moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=2,
+                                          n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
+                                          routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True,
+                                          attention_bias=True)
     raise KeyError(arch)
 
 
-ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe"]
+ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe"]
+MOE_ARCHES = {"qwen3moe", "glm4moe"}  # their routers' top-k can flip near ties under quantization
 
 
 def tiny_model(arch: str, seed: int = 0):
@@ -46,6 +53,9 @@ def tiny_model(arch: str, seed: int = 0):
                 p.normal_(0.0, 0.08)
             else:
                 p.normal_(0.0, 0.05)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # a buffer: random too, so that it moves the choice
+                b.normal_(0.0, 0.05)
     return model.eval()
 
 

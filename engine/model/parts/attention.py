@@ -30,7 +30,7 @@ class Attention(Part):
         self.sliding_window, self.softcap, self.neox = spec.sliding_window, spec.softcap, spec.rope.neox
         key = ("rope", spec.rope)
         if key not in shared:  # layers with the same RoPE share one table (and one cos/sin per step)
-            shared[key] = rope_tables(cfg.head_dim, spec.rope, ws)
+            shared[key] = rope_tables(spec.rope.dim or cfg.head_dim, spec.rope, ws)
         self.inv_freq, self.mscale = shared[key]
         self.qkv = Projections(self, ("q", "k", "v"))
 
@@ -93,9 +93,10 @@ class Attention(Part):
                                conv.norm(self.k_norm), conv.ctx, kv_cache=kv_cache, kv_on_host=lp.kv_device == "cpu")
 
 
-def rope_tables(head_dim: int, spec: RopeSpec, ws=None) -> tuple[np.ndarray, float]:
-    """inv_freq and mscale of one RoPE; llama.cpp's rope_freqs tensor (Llama 3.1) divides inv_freq."""
-    inv_freq, mscale = rope.rope_inv_freq(head_dim, spec.theta, spec.scaling)
+def rope_tables(rotary_dim: int, spec: RopeSpec, ws=None) -> tuple[np.ndarray, float]:
+    """inv_freq and mscale of one RoPE over rotary_dim dims; llama.cpp's rope_freqs tensor (Llama 3.1) divides
+    inv_freq."""
+    inv_freq, mscale = rope.rope_inv_freq(rotary_dim, spec.theta, spec.scaling)
     if spec.freqs_tensor and ws is not None and has(ws, "rope_freqs.weight"):
         inv_freq = (inv_freq / vector(ws, "rope_freqs.weight")).astype(np.float32)
     return np.ascontiguousarray(inv_freq, dtype=np.float32), mscale

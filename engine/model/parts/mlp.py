@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpu_kernels.activations import _gelu_tanh_mul, _silu_mul
+from cpu_kernels.activations import _gelu_tanh_mul, _silu_mul, _swiglu_oai
 from engine.model.parts.base import Part, packed_linears
 from engine.model.parts.linear import Linear, Projections
 from engine.model.parts.norm import small_on_one_thread
 from engine.model.spec import GatedMLPSpec
 
 # act name -> (kernel over (a, a's first column, b, b's first column, width), its code in decode_block)
-ACTIVATIONS = {"silu": (_silu_mul, 0), "gelu_tanh": (_gelu_tanh_mul, 1)}
+ACTIVATIONS = {"silu": (_silu_mul, 0), "gelu_tanh": (_gelu_tanh_mul, 1), "swiglu_oai": (_swiglu_oai, 2)}
 
 
 class GatedMLP(Part):

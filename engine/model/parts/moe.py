@@ -1,61 +1,100 @@
-"""Mixture of experts (spec.MoESpec): a softmax router picks top-k gated experts per token; their outputs are added
-in expert order, weighted by the router. Routing and adding are cpu_kernels/moe.py's, shared with the fused step."""
+"""Mixture of experts (spec.MoESpec): a router picks top-k gated experts per token; their outputs are added in
+expert order, weighted by the router, plus an optional (gated) shared expert. Routing and adding are
+cpu_kernels/moe.py's, shared with the fused step, so both paths give the same bits."""
 from __future__ import annotations
 
 import numpy as np
 
-from cpu_kernels.moe import expert_rows
+from cpu_kernels.moe import SCORINGS, add_shared, expert_rows
 from cpu_kernels.quant.linear import stacked_experts
-from engine.model.parts.base import Part, packed_linears
-from engine.model.parts.linear import Linear
 from engine.model.parts import mlp
+from engine.model.parts.base import Part, packed_linears
+from engine.model.parts.linear import Linear, has, vector
+from engine.model.parts.norm import NO_NORM
 from engine.model.spec import MoESpec
 
 PROJECTIONS = ("gate", "up", "down")
+_NO_BIAS = np.zeros((0, 0), np.float32)
 
 
 class MoE(Part):
     def __init__(self, spec: MoESpec, ws, cfg, prefix: str, batch_invariant: bool, shared: dict):
+        if spec.scoring not in SCORINGS:
+            raise ValueError(f"MoE scoring {spec.scoring!r} is not supported ({', '.join(SCORINGS)})")
+        if spec.n_group < 1 or spec.num_experts % spec.n_group or not 1 <= spec.topk_group <= spec.n_group:
+            raise ValueError(f"MoE groups: {spec.num_experts} experts in {spec.n_group} groups, {spec.topk_group} kept")
+        self.spec = spec
         self.names = {"router": prefix + "ffn_gate_inp.weight"}
         self.expert_names = {k: prefix + f"ffn_{k}_exps.weight" for k in PROJECTIONS}
-        self.router = Linear(ws, self.names["router"], None, batch_invariant)
+        router_bias = prefix + "ffn_gate_inp.bias" if spec.router_bias else None
+        self.router = Linear(ws, self.names["router"], router_bias, batch_invariant)
+        self.selection_bias = vector(ws, prefix + "exp_probs_b.bias") if spec.selection_bias else NO_NORM
         self.top_k, self.norm_topk_prob, self.act = spec.top_k, spec.norm_topk_prob, spec.act
-        self.stacked, per_proj = [], []
-        for name in self.expert_names.values():
+        self.stacked, per_proj, self.biases = [], [], []
+        for k, name in self.expert_names.items():
             info = ws.info(name)
             arrays, weights = stacked_experts(info.ggml_type, ws.raw(name), info.shape)
             self.stacked.append((info.ggml_type, arrays))
             per_proj.append(weights)
             if weights[0].fmt.repack_copies:
                 ws.release(name)  # repacked: the mapped pages may leave RSS
-        # Per expert, its (gate, up, down) Linears over views of the stacked arrays.
-        self.experts = [tuple(Linear.of(w[e], None, batch_invariant) for w in per_proj)
-                        for e in range(len(per_proj[0]))]
+            bias = prefix + f"ffn_{k}_exps.bias"
+            self.biases.append(_expert_bias(ws, bias, info.shape) if spec.expert_bias else _NO_BIAS)
+        # Per expert, its (gate, up, down) Linears over views of the stacked arrays (biases: rows of the stacked ones).
+        self.experts = [tuple(Linear.of(w[e], b[e] if b.size else None, batch_invariant)
+                              for w, b in zip(per_proj, self.biases)) for e in range(len(per_proj[0]))]
+        self.shared = None
+        if spec.shared is not None:
+            self.shared = mlp.GatedMLP(spec.shared, ws, cfg, prefix, batch_invariant, shared)
+        gate = prefix + "ffn_gate_inp_shexp.weight"
+        self.shared_gate = vector(ws, gate) if spec.shared_gate and has(ws, gate) else NO_NORM
+        if spec.shared_gate and not self.shared_gate.size:
+            raise ValueError(f"{gate} is missing")
+
+    def leaves(self) -> tuple:
+        return (self.router,) + (self.shared.leaves() if self.shared is not None else ())
+
+    def _route(self, logits: np.ndarray):
+        s = self.spec
+        return expert_rows(logits, self.selection_bias, s.top_k, SCORINGS[s.scoring], s.n_group, s.topk_group,
+                           s.norm_topk_prob, float(s.routed_scale))
 
     def __call__(self, x: np.ndarray, meta=None, kv=None) -> np.ndarray:
-        ids, weights = expert_rows(self.router(x, meta.rows if meta is not None else None), self.top_k,
-                                   self.norm_topk_prob)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        rows = meta.rows if meta is not None else None
+        ids, weights = self._route(self.router(x, rows))
         kernel = mlp.ACTIVATIONS[self.act][0]
         out = np.zeros_like(x)
         for e in np.unique(ids):
-            rows, slot = np.nonzero(ids == e)
+            r, slot = np.nonzero(ids == e)
             gate, up, down = self.experts[e]
-            xe = np.ascontiguousarray(x[rows])
+            xe = np.ascontiguousarray(x[r])
             g, u = gate(xe), up(xe)
             y = down(kernel(g, 0, u, 0, g.shape[1]))
-            out[rows] += weights[rows, slot][:, None] * y  # rows take their experts in ascending order
+            out[r] += weights[r, slot][:, None] * y  # rows take their experts in ascending order
+        if self.shared is not None:
+            add_shared(out, self.shared(x, meta), self.shared_gate, x)
         return out
 
     def fused(self):
         from cpu_kernels.decode_block import FusedMoE
         from cpu_kernels.quant.packed import PACKED, packed
-        if not packed_linears((self.router,)) or self.router.bias is not None:
+        if not packed_linears((self.router,)):
             return None
-        one = self.experts[0]
+        shared = ()
+        if self.shared is not None:
+            shared = self.shared.fused()
+            if shared is None:
+                return None
+        s, one = self.spec, self.experts[0]
         E, F, H = len(self.experts), one[0].out_features, one[2].out_features
-        return FusedMoE(packed(self.router.weight), tuple(PACKED[t](*arrays) for t, arrays in self.stacked),
-                        (E, F, H), (int(self.router.weight.nbytes), *(int(lin.weight.nbytes) for lin in one)),
-                        (int(self.top_k), int(bool(self.norm_topk_prob)), mlp.ACTIVATIONS[self.act][1]))
+        router_bias = self.router.bias if self.router.bias is not None else NO_NORM
+        return FusedMoE(
+            packed(self.router.weight), tuple(PACKED[t](*arrays) for t, arrays in self.stacked), tuple(self.biases),
+            (E, F, H), (int(self.router.weight.nbytes), *(int(lin.weight.nbytes) for lin in one)),
+            (int(s.top_k), int(bool(s.norm_topk_prob)), mlp.ACTIVATIONS[self.act][1], SCORINGS[s.scoring],
+             int(s.n_group), int(s.topk_group)),
+            (float(s.routed_scale),), router_bias, self.selection_bias, shared, self.shared_gate)
 
     def to_device(self, conv, lp, kv_cache=None):
         from gpu_kernels.modules import DeviceMoE, HostModule
@@ -64,10 +103,24 @@ class MoE(Part):
         router = conv.linear(self.router, self.names["router"], lp, fmt="float32", streamed=False)
         experts = conv.stacked_experts([self.expert_names[k] for k in PROJECTIONS],
                                        [[e[j].weight for e in self.experts] for j in range(3)], lp)
-        return DeviceMoE(router, experts, self.top_k, self.norm_topk_prob, self.act)
+        shared = self.shared.to_device(conv, lp) if self.shared is not None else None
+        s = self.spec
+        return DeviceMoE(router, experts, s.top_k, s.norm_topk_prob, self.act, scoring=s.scoring,
+                         selection_bias=self.selection_bias, n_group=s.n_group, topk_group=s.topk_group,
+                         routed_scale=s.routed_scale, expert_biases=self.biases if s.expert_bias else None,
+                         shared=shared, shared_gate=self.shared_gate)
+
+    def override_patches(self, conv, lp):
+        """The router and the shared expert's matrices, one by one (the routed experts move as a whole)."""
+        return super().override_patches(conv, lp) + (self.shared.override_patches(conv, lp) if self.shared else [])
 
     def override_whole(self, conv, lp):
         """exps=GPU inside a CPU layer: the whole MoE (router and experts) runs on the device."""
         if conv.tensor_device(lp, self.expert_names["gate"]) == "cpu":
             return None
         return self.to_device(conv, conv.as_device(lp), None)
+
+
+def _expert_bias(ws, name: str, shape) -> np.ndarray:
+    """(E, N) float32 biases of a stacked expert tensor (E, N, K)."""
+    return np.ascontiguousarray(vector(ws, name).reshape(shape[0], shape[1]))
