@@ -90,10 +90,14 @@ def synthetic_vocab(n: int) -> dict:
             "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.add_bos_token": True}
 
 
-def write_synthetic(path: str, shape: str, quant: str, seed: int = 0) -> ModelConfig:
+def write_synthetic(path: str, shape: str, quant: str, seed: int = 0, layers: int | None = None) -> ModelConfig:
+    """layers: fewer layers than the real model (the name says so), for machines the whole model would not fit."""
     from engine.model.gguf_export import write_metadata
     from engine.model.tensors import tensor_shapes
-    cfg = ModelConfig(**SHAPES[shape], name=f"synthetic {shape} {quant}")
+    kw = dict(SHAPES[shape])
+    if layers:
+        kw["num_layers"], shape = layers, f"{shape} ({layers} layers)"
+    cfg = ModelConfig(**kw, name=f"synthetic {shape} {quant}")
     pick = quant_plan(quant)
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, cfg.arch)
@@ -134,9 +138,10 @@ def main(argv=None) -> None:
     ap.add_argument("--quant", default="q4_k_m")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers than the shape has (to fit in RAM)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    write_synthetic(args.out, args.shape, args.quant, args.seed)
+    write_synthetic(args.out, args.shape, args.quant, args.seed, args.layers)
     size = os.path.getsize(args.out)
     print(f"wrote {args.out}: {args.shape} {args.quant}, {size / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s")
 

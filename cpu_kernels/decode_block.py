@@ -134,11 +134,12 @@ def _mlp_step(m, h, ctx):
 
 @njit(cache=True)
 def _expert_gemv(p3, e, bias2, n_out, nbytes, x, bar, nt):
-    """Expert e's GEMV over its stacked weight, with its bias row where the experts have biases."""
+    """Expert e's GEMV over its stacked weight for the rows x, with its bias row where the experts have biases."""
     y = _gemv(packed_slice(p3, e), n_out, nbytes, x, bar, nt)
     if bias2.shape[0]:
-        for n in range(n_out):
-            y[0, n] += bias2[e, n]
+        for t in range(y.shape[0]):
+            for n in range(n_out):
+                y[t, n] += bias2[e, n]
     return y
 
 
@@ -160,7 +161,8 @@ def _shared_step(shared, h, out, gate_w, ctx):
 
 @njit(cache=True)
 def _moe_step(m, h, ctx):
-    """parts/moe.py's MoE: router, top-k, each chosen expert's gated MLP, weighted sum in expert order, shared."""
+    """parts/moe.py's MoE: router, top-k, each chosen expert's gated MLP over its rows, weighted sum in expert
+    order, shared expert."""
     bar, nt = ctx[9], ctx[10]
     E, F, H = m.dims
     br, bg, bu, bd = m.nbytes
@@ -170,14 +172,34 @@ def _moe_step(m, h, ctx):
     out = np.zeros_like(h)
     gate3, up3, down3 = m.experts
     gb, ub, db = m.biases
+    # Rows grouped by expert, experts in ascending order: each expert's weights are read once for all its rows, and
+    # every row takes its experts in the kernel path's order (parts/moe.py).
+    count = np.zeros(E + 1, np.int64)
     for t in range(h.shape[0]):
-        x = h[t:t + 1]
+        for j in range(top_k):
+            count[ids[t, j] + 1] += 1
+    for e in range(E):
+        count[e + 1] += count[e]
+    fill = count[:E].copy()
+    row_of = np.empty(h.shape[0] * top_k, np.int64)
+    weight_of = np.empty(h.shape[0] * top_k, np.float32)
+    for t in range(h.shape[0]):
         for j in range(top_k):
             e = ids[t, j]
-            g = _expert_gemv(gate3, e, gb, F, bg, x, bar, nt)
-            u = _expert_gemv(up3, e, ub, F, bu, x, bar, nt)
-            y = _expert_gemv(down3, e, db, H, bd, _act(g, 0, u, 0, F, act, bar, nt), bar, nt)
-            moe_accumulate(out[t], weights[t, j], y[0])
+            row_of[fill[e]], weight_of[fill[e]] = t, weights[t, j]
+            fill[e] += 1
+    for e in range(E):
+        lo, hi = count[e], count[e + 1]
+        if hi == lo:
+            continue
+        x = np.empty((hi - lo, h.shape[1]), np.float32)
+        for i in range(hi - lo):
+            x[i] = h[row_of[lo + i]]
+        g = _expert_gemv(gate3, e, gb, F, bg, x, bar, nt)
+        u = _expert_gemv(up3, e, ub, F, bu, x, bar, nt)
+        y = _expert_gemv(down3, e, db, H, bd, _act(g, 0, u, 0, F, act, bar, nt), bar, nt)
+        for i in range(hi - lo):
+            moe_accumulate(out[row_of[lo + i]], weight_of[lo + i], y[i])
     shared_step(m.shared, h, out, m.shared_gate, ctx)
     return out
 
