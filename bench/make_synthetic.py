@@ -31,6 +31,16 @@ SHAPES = {
                               num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128, rope_theta=1e6,
                               rms_norm_eps=1e-6, max_position_embeddings=32768, num_experts=128,
                               num_experts_per_tok=8, moe_intermediate_size=768),
+    # Gemma 4 26B-A4B: 30 layers (five sliding of 1024 to one full), full layers of 2 kv heads x 512 with V = K's
+    # projection and proportional RoPE, a dense MLP beside 128 GELU experts (8 per token). Q4_K_M: ~16 GB, all
+    # 30 layers fit a 24 GiB machine.
+    "gemma4-26b-a4b": dict(arch="gemma4", vocab_size=262144, hidden_size=2816, intermediate_size=2112, num_layers=30,
+                           num_heads=16, num_kv_heads=8, head_dim=256, head_dim_global=512, num_kv_heads_global=2,
+                           attn_k_eq_v=True, rope_pairs_global=64, rope_theta=1e6, rope_theta_local=1e4,
+                           layer_sliding_window=tuple(0 if (i + 1) % 6 == 0 else 1024 for i in range(30)),
+                           final_logit_softcap=30.0, attn_scale=1.0, hidden_act="gelu_tanh", rms_norm_eps=1e-6,
+                           max_position_embeddings=262144, tie_word_embeddings=True, num_experts=128,
+                           num_experts_per_tok=8, moe_intermediate_size=704),
     "tiny-llama": dict(arch="llama", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
                        num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=2048),
     "tiny-moe": dict(arch="qwen3moe", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
@@ -97,6 +107,8 @@ def write_synthetic(path: str, shape: str, quant: str, seed: int = 0, layers: in
     kw = dict(SHAPES[shape])
     if layers:
         kw["num_layers"], shape = layers, f"{shape} ({layers} layers)"
+        if kw.get("layer_sliding_window"):  # the first layers' windows, the last layer full (as Gemma's configs)
+            kw["layer_sliding_window"] = (*kw["layer_sliding_window"][:layers - 1], 0)
     cfg = ModelConfig(**kw, name=f"synthetic {shape} {quant}")
     pick = quant_plan(quant)
     rng = np.random.default_rng(seed)
@@ -126,8 +138,10 @@ def write_synthetic(path: str, shape: str, quant: str, seed: int = 0, layers: in
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
+    from engine.model.registry import architecture
+    computed = architecture(cfg.arch).gguf_tensors(cfg)  # values llama.cpp's converter computes (rope_freqs)
     for name, shp in shapes.items():
-        w.write_tensor_data(random_tensor(rng, pick(name, shp), shp))
+        w.write_tensor_data(computed[name] if name in computed else random_tensor(rng, pick(name, shp), shp))
     w.close()
     return cfg
 

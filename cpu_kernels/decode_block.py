@@ -17,8 +17,8 @@ from numba.extending import overload
 from cpu_kernels import norms
 from cpu_kernels.activations import _gelu_tanh_mul, _silu_mul, _swiglu_oai
 from cpu_kernels.attention import _paged_attention, _paged_attention_serial
-from cpu_kernels.attn_inputs import _attn_inputs
-from cpu_kernels.moe import add_shared, expert_rows, moe_accumulate
+from cpu_kernels.attn_inputs import _attn_inputs, _q_inputs
+from cpu_kernels.moe import add_shared, expert_rows, moe_accumulate, router_input, scale_chosen
 from cpu_kernels.norms import residual_rms_norm, rms_norm
 from cpu_kernels.quant.packed import gemv_packed, packed_slice
 from cpu_kernels.thread_count import get_threads, set_threads
@@ -28,18 +28,31 @@ ACT_SILU, ACT_GELU_TANH, ACT_SWIGLU_OAI = 0, 1, 2
 # gemvs: packed weights (quant.packed) of (q's group, k's group, v's group, o); dims, nbytes: their output widths
 # and bytes; biases: f32 per group output and o ((0,) = none); layout: (k_src, v_src, q0, k0, v0, num_heads, neox)
 # with k_src 1 = k's columns are in q's group's output, v_src 1 = in q's, 2 = in k's, 0 = v's own, and q0/k0/v0 the
-# parts' first columns; qk_w: QK-norm weights ((0,) = none); f: (q_eps, k_eps, scale, softcap); window: 0 = full.
+# parts' first columns; qk_w: q, k and v norm weights ((0,) = none); f: (q_eps, k_eps, scale, softcap, v_eps);
+# window: 0 = full.
 FusedAttention = namedtuple("FusedAttention", ("gemvs", "dims", "nbytes", "biases", "layout", "qk_w", "f", "window"))
+# An attention that reads another layer's K/V (parts/attention.py with kv_from): gemvs (q, o); biases: (q's, o's);
+# layout: (q0, num_heads, head_dim, neox); q_w: q's norm weight; f: (q_eps, scale, softcap).
+FusedQAttention = namedtuple("FusedQAttention", ("gemvs", "dims", "nbytes", "biases", "layout", "q_w", "f", "window"))
 # gemvs: (gate's group, up's group, down); layout: (up_src, gate0, up0, F, act): up_src 1 = up's columns are in
 # gate's group output; gate0/up0 the parts' first columns; F the width of each.
 FusedGatedMLP = namedtuple("FusedGatedMLP", ("gemvs", "dims", "nbytes", "layout"))
 # router: packed (E, H) weight; experts: (gate, up, down) packed with a leading expert axis; biases: their (E, N)
 # f32 biases ((0, 0): none); dims: (E, F, H); nbytes: the router's and one expert's (gate, up, down) bytes; layout:
-# (top_k, norm_topk_prob, act, scoring, n_group, topk_group); f: (routed_scale,); router_bias, selection_bias: f32
-# ((0,): none); shared: the shared expert's FusedGatedMLP or (); shared_gate: its gate weight ((0,): none).
+# (top_k, norm_topk_prob, act, scoring, n_group, topk_group, gate_up); f: (routed_scale,); router_bias,
+# selection_bias: f32 ((0,): none); shared: the shared expert's FusedGatedMLP or (); shared_gate: its gate weight
+# ((0,): none); router_in: (scale f32 (H,), eps, root): the router reads router_input(x) ((0,) scale: x itself);
+# expert_scale: f32 (E,) per-expert weight scale ((0,): none). gate_up 1: experts[0] (= experts[1]) holds each
+# expert's gate and up rows (2F), gate first.
 FusedMoE = namedtuple("FusedMoE", ("router", "experts", "biases", "dims", "nbytes", "layout", "f", "router_bias",
-                                   "selection_bias", "shared", "shared_gate"))
-for _cls in (FusedAttention, FusedGatedMLP, FusedMoE):
+                                   "selection_bias", "shared", "shared_gate", "router_in", "expert_scale"))
+# parts/parallel_ffn.py: a FusedGatedMLP and a FusedMoE over the same input; norms: (mlp pre, mlp post, moe pre, moe
+# post) weights; eps.
+FusedParallelFFN = namedtuple("FusedParallelFFN", ("mlp", "moe", "norms", "eps"))
+# parts/per_layer.py: gemvs (inp_gate, proj); dims (P, H); nbytes: theirs; layout: (act,). The layer's per-layer
+# input rows come with the step (block_step's layer_in).
+FusedPerLayerInput = namedtuple("FusedPerLayerInput", ("gemvs", "dims", "nbytes", "layout"))
+for _cls in (FusedAttention, FusedQAttention, FusedGatedMLP, FusedMoE, FusedParallelFFN, FusedPerLayerInput):
     _cls.__module__ = __name__  # Numba's cache pickles the types by reference
 
 
@@ -88,9 +101,24 @@ def _act(a, ga, b, ub, f, act, bar, nt):
 
 
 @njit(cache=True)
+def _attend(q, ctx, scale, window, softcap, k_cache, v_cache):
+    """paged_attention as parts/attention.py runs it: on the calling thread when the work is small."""
+    query_start_loc, seq_lens, block_tables, max_seq_len, bar, nt = ctx[5], ctx[6], ctx[7], ctx[8], ctx[9], ctx[10]
+    work = q.shape[0] * max_seq_len * q.shape[1] * q.shape[2]
+    if work < bar or nt == 1:
+        set_threads(1)
+        return _paged_attention_serial(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, window,
+                                       softcap, np.zeros(0, np.uint8))
+    set_threads(nt)
+    return _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, window, softcap, nt,
+                            np.zeros(0, np.uint8))
+
+
+@njit(cache=True)
 def _attention_step(a, h, ctx):
     """parts/attention.py's Attention: q/k/v, QK-norm + RoPE + cache write, paged attention, o."""
-    cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens, block_tables, max_seq_len, bar, nt = ctx
+    cos, sin, k_cache, v_cache, slot_mapping = ctx[0], ctx[1], ctx[2], ctx[3], ctx[4]
+    bar, nt = ctx[9], ctx[10]
     pq, pk, pv, po = a.gemvs
     nq, nk, nv, no_ = a.dims
     bq, bk, bv, bo = a.nbytes
@@ -105,18 +133,25 @@ def _attention_step(a, h, ctx):
     else:
         yv = _gemv_bias(pv, nv, bv, a.biases[2], h, bar, nt)
     set_threads(_small(yq.nbytes, bar, nt))
-    q = _attn_inputs(yq, q0, yk, k0, yv, v0, hq, a.qk_w[0], a.qk_w[1], a.f[0], a.f[1], cos, sin, neox != 0,
-                     k_cache, v_cache, slot_mapping)
-    work = T * max_seq_len * hq * q.shape[2]
-    if work < bar or nt == 1:
-        set_threads(1)
-        out = _paged_attention_serial(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, a.f[2],
-                                      a.window, a.f[3], np.zeros(0, np.uint8))
-    else:
-        set_threads(nt)
-        out = _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, a.f[2], a.window,
-                               a.f[3], nt, np.zeros(0, np.uint8))
+    q = _attn_inputs(yq, q0, yk, k0, yv, v0, hq, a.qk_w[0], a.qk_w[1], a.qk_w[2], a.f[0], a.f[1], a.f[4], cos, sin,
+                     neox != 0, k_cache, v_cache, slot_mapping)
+    out = _attend(q, ctx, a.f[2], a.window, a.f[3], k_cache, v_cache)
     return _gemv_bias(po, no_, bo, a.biases[3], out.reshape(T, hq * q.shape[2]), bar, nt)
+
+
+@njit(cache=True)
+def _q_attention_step(a, h, ctx):
+    """parts/attention.py's Attention over another layer's K/V: q, its norm and RoPE, paged attention, o."""
+    cos, sin, k_cache, v_cache, bar, nt = ctx[0], ctx[1], ctx[2], ctx[3], ctx[9], ctx[10]
+    pq, po = a.gemvs
+    nq, no_ = a.dims
+    bq, bo = a.nbytes
+    q0, hq, d, neox = a.layout
+    yq = _gemv_bias(pq, nq, bq, a.biases[0], h, bar, nt)
+    set_threads(_small(yq.nbytes, bar, nt))
+    q = _q_inputs(yq, q0, hq, d, a.q_w, a.f[0], cos, sin, neox != 0)
+    out = _attend(q, ctx, a.f[1], a.window, a.f[2], k_cache, v_cache)
+    return _gemv_bias(po, no_, bo, a.biases[1], out.reshape(h.shape[0], hq * d), bar, nt)
 
 
 @njit(cache=True)
@@ -163,12 +198,21 @@ def _shared_step(shared, h, out, gate_w, ctx):
 def _moe_step(m, h, ctx):
     """parts/moe.py's MoE: router, top-k, each chosen expert's gated MLP over its rows, weighted sum in expert
     order, shared expert."""
+    return _moe_rows(m, h, h, ctx)
+
+
+@njit(cache=True)
+def _moe_rows(m, h, r, ctx):
+    """_moe_step with the router reading r instead of h (Gemma 4's MoE routes on the block's residual)."""
     bar, nt = ctx[9], ctx[10]
     E, F, H = m.dims
     br, bg, bu, bd = m.nbytes
-    top_k, norm, act, scoring, n_group, topk_group = m.layout
-    logits = _gemv_bias(m.router, E, br, m.router_bias, h, bar, nt)
+    top_k, norm, act, scoring, n_group, topk_group, gate_up = m.layout
+    if m.router_in[0].shape[0]:
+        r = router_input(r, m.router_in[0], m.router_in[1], m.router_in[2])
+    logits = _gemv_bias(m.router, E, br, m.router_bias, r, bar, nt)
     ids, weights = expert_rows(logits, m.selection_bias, top_k, scoring, n_group, topk_group, norm != 0, m.f[0])
+    scale_chosen(ids, weights, m.expert_scale)
     out = np.zeros_like(h)
     gate3, up3, down3 = m.experts
     gb, ub, db = m.biases
@@ -195,13 +239,43 @@ def _moe_step(m, h, ctx):
         x = np.empty((hi - lo, h.shape[1]), np.float32)
         for i in range(hi - lo):
             x[i] = h[row_of[lo + i]]
-        g = _expert_gemv(gate3, e, gb, F, bg, x, bar, nt)
-        u = _expert_gemv(up3, e, ub, F, bu, x, bar, nt)
-        y = _expert_gemv(down3, e, db, H, bd, _act(g, 0, u, 0, F, act, bar, nt), bar, nt)
+        if gate_up:  # one GEMV over the expert's gate|up rows; the activation reads its halves in place
+            g = _expert_gemv(gate3, e, gb, 2 * F, bg, x, bar, nt)
+            y = _expert_gemv(down3, e, db, H, bd, _act(g, 0, g, F, F, act, bar, nt), bar, nt)
+        else:
+            g = _expert_gemv(gate3, e, gb, F, bg, x, bar, nt)
+            u = _expert_gemv(up3, e, ub, F, bu, x, bar, nt)
+            y = _expert_gemv(down3, e, db, H, bd, _act(g, 0, u, 0, F, act, bar, nt), bar, nt)
         for i in range(hi - lo):
             moe_accumulate(out[row_of[lo + i]], weight_of[lo + i], y[i])
     shared_step(m.shared, h, out, m.shared_gate, ctx)
     return out
+
+
+@njit(cache=True)
+def _parallel_ffn_step(p, h, ctx):
+    """parts/parallel_ffn.py's ParallelFFN: mlp_post(mlp(mlp_pre(h))) + moe_post(moe(moe_pre(h))), routed on h."""
+    bar, nt = ctx[9], ctx[10]
+    w1, w2, w3, w4 = p.norms
+    _norm_threads(h, bar, nt)
+    m1 = _mlp_step(p.mlp, rms_norm(h, w1, p.eps), ctx)
+    _norm_threads(m1, bar, nt)
+    m1 = rms_norm(m1, w2, p.eps)
+    _norm_threads(h, bar, nt)
+    m2 = _moe_rows(p.moe, rms_norm(h, w3, p.eps), h, ctx)
+    _norm_threads(m2, bar, nt)
+    return m1 + rms_norm(m2, w4, p.eps)
+
+
+@njit(cache=True)
+def _per_layer_input_step(a, h, ctx):
+    """parts/per_layer.py's PerLayerInput: proj(act(inp_gate(h)) * the layer's per-layer input rows)."""
+    bar, nt, layer_in = ctx[9], ctx[10], ctx[11]
+    pg, pp = a.gemvs
+    P, H = a.dims
+    bg, bp = a.nbytes
+    g = _gemv(pg, P, bg, h, bar, nt)
+    return _gemv(pp, H, bp, _act(g, 0, layer_in, 0, P, a.layout[0], bar, nt), bar, nt)
 
 
 def part_step(part, h, ctx):
@@ -218,6 +292,12 @@ def _part_step(part, h, ctx):
         return lambda part, h, ctx: _mlp_step(part, h, ctx)
     if cls is FusedMoE:
         return lambda part, h, ctx: _moe_step(part, h, ctx)
+    if cls is FusedQAttention:
+        return lambda part, h, ctx: _q_attention_step(part, h, ctx)
+    if cls is FusedParallelFFN:
+        return lambda part, h, ctx: _parallel_ffn_step(part, h, ctx)
+    if cls is FusedPerLayerInput:
+        return lambda part, h, ctx: _per_layer_input_step(part, h, ctx)
     return None
 
 
@@ -230,21 +310,28 @@ def _add_norm(x, y, post_w, next_w, post_eps, next_eps, bar, nt):
 
 @njit(cache=True)
 def block_step(x, first_norm, steps, cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens,
-               block_tables, max_seq_len, bar):
+               block_tables, max_seq_len, bar, out_scale, layer_in):
     """One block over x f32 (T, H) C-contiguous; returns the new x. K/V of the step are written to the cache.
 
     first_norm: (weight f32 (H,), eps) of the first step's pre-norm ((0,) weight: none). steps: per residual step
     (part args, post-norm weight, post eps, next step's pre-norm weight, its eps), weights (0,) where absent.
     cos/sin: the attention's RoPE table of the step; the rest as paged_attention and attn_inputs take them; bar is
-    threads.serial_work() of the step. The caller restores its thread count if this raises.
+    threads.serial_work() of the step. out_scale: f32 (1,) multiplying the block's output ((0,): none). layer_in: f32
+    (T, P) this layer's per-layer input rows ((0, 0): none). The caller restores its thread count if this raises.
     """
     nt = get_threads()
-    ctx = (cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens, block_tables, max_seq_len, bar, nt)
+    ctx = (cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens, block_tables, max_seq_len, bar, nt,
+           layer_in)
     _norm_threads(x, bar, nt)
     h = rms_norm(x, first_norm[0], first_norm[1]) if first_norm[0].shape[0] else x.copy()
     for st in literal_unroll(steps):
         y = part_step(st[0], h, ctx)
         x, hn = _add_norm(x, y, st[1], st[3], st[2], st[4], bar, nt)
         h = hn if st[3].shape[0] else x
+    if out_scale.shape[0]:
+        s = out_scale[0]
+        for t in range(x.shape[0]):
+            for i in range(x.shape[1]):
+                x[t, i] *= s
     set_threads(nt)
     return x

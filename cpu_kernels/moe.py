@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from cpu_kernels.norms import _rms_row
+
 # How router logits become expert scores.
 SOFTMAX = 0       # softmax over all experts (qwen3moe, qwen3.5)
 SIGMOID = 1       # independent sigmoids (deepseek-v3, glm-4.5)
@@ -140,3 +142,27 @@ def add_shared(out, shared, gate_w, x):
             g = np.float32(1.0) / (np.float32(1.0) + np.exp(-np.float32(d)))
         for i in range(out.shape[1]):
             out[t, i] += g * shared[t, i]
+
+
+@njit(cache=True, error_model="numpy")
+def router_input(x, scale, eps, root):
+    """What a router reads when it normalizes its own input (Gemma 4): RMSNorm(x) without a weight, times scale (H,),
+    times root (H^-0.5), in HF's order. x f32 (T, H) -> new f32 (T, H)."""
+    T, H = x.shape
+    out = np.empty((T, H), np.float32)
+    ones = np.ones(H, np.float32)  # a weight of 1: x * r * 1 is x * r, bit for bit
+    e32, r32 = np.float32(eps), np.float32(root)
+    for t in range(T):
+        _rms_row(x[t], ones, e32, out[t])
+        for i in range(H):
+            out[t, i] = (out[t, i] * scale[i]) * r32
+    return out
+
+
+@njit(cache=True, error_model="numpy")
+def scale_chosen(ids, weights, expert_scale):
+    """weights[t, j] *= expert_scale[ids[t, j]] in place (Gemma 4's per-expert output scale); (0,): nothing."""
+    if expert_scale.shape[0]:
+        for t in range(ids.shape[0]):
+            for j in range(ids.shape[1]):
+                weights[t, j] *= expert_scale[ids[t, j]]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpu_kernels import activations, attention, norms, rope
-from cpu_kernels.attn_inputs import attn_inputs
+from cpu_kernels import activations, attention, moe, norms, rope
+from cpu_kernels.attn_inputs import attn_inputs, q_inputs
 from cpu_kernels.rope import RopeScaling
 
 
@@ -42,6 +42,10 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
         activations.gelu_tanh_mul(gate, gate)
         activations.softcap(gate.copy(), 30.0)
 
+    ids, weights = moe.expert_rows(x, none, 2, moe.SOFTMAX, 1, 1, True, 1.0)  # Gemma 4's router input and scales
+    moe.scale_chosen(ids, weights, w)
+    moe.router_input(x, w, 1e-6, 0.5)
+
     hq, hkv, d, bs = 4, 2, 8, 4
     k = np.ones((3, hkv, d), f32)
     slots = np.array([1, 7, 8], np.int64)
@@ -55,7 +59,8 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
             y = np.ones((t, (hq + 2 * hkv) * d), f32)
             cos, sin = rope.rope_cos_sin(np.arange(t, dtype=np.int64), inv_freq, mscale)
             attn_inputs((y, 0), (y, hq * d), (y, (hq + hkv) * d), hq, (w, 1e-6), (w, 1e-6), cos, sin, True,
-                        k_cache, v_cache, np.arange(t, dtype=np.int64) % (3 * bs))
+                        k_cache, v_cache, np.arange(t, dtype=np.int64) % (3 * bs), (w, 1e-6))  # V normed too
+            q_inputs((y, 0), hq, d, (w, 1e-6), cos, sin, True)  # a layer reading another layer's K/V
         for qsl, seq_lens, block_tables in (decode, mixed):
             q = np.ones((qsl[-1], hq, d), f32)
             kv = (attention._kernel_view(k_cache), attention._kernel_view(v_cache), qsl, seq_lens, block_tables)

@@ -124,11 +124,14 @@ class DeviceGatedMLP:
 class DeviceMoE:
     """Router -> top-k experts per token (ties to the lower id, as the CPU MoE) -> weighted sum, plus the shared
     expert. scoring softmax | sigmoid | topk_softmax; selection_bias joins the choice only; n_group/topk_group
-    limit the choice to the best groups; expert_biases: (gate, up, down) (E, N) arrays or None."""
+    limit the choice to the best groups; expert_biases: (gate, up, down) (E, N) arrays or None. Gemma 4: router_in
+    (scale (H,), eps, root): the router reads RMSNorm(x) (no weight) * scale * root; expert_scale (E,) multiplies the
+    chosen weights; experts of two Linears are (gate|up stacked, down)."""
 
     def __init__(self, router, experts: list, top_k: int, norm_topk_prob: bool, act: str = "silu",
                  scoring: str = "softmax", selection_bias=None, n_group: int = 1, topk_group: int = 1,
-                 routed_scale: float = 1.0, expert_biases=None, shared=None, shared_gate=None):
+                 routed_scale: float = 1.0, expert_biases=None, shared=None, shared_gate=None, router_in=None,
+                 expert_scale=None):
         self.router, self.experts, self.top_k, self.norm_topk_prob = router, experts, top_k, norm_topk_prob
         self.act, self.scoring = ops.ACTIVATIONS[act], scoring
         self.selection_bias = selection_bias if selection_bias is not None and len(selection_bias) else None
@@ -136,6 +139,7 @@ class DeviceMoE:
         self.expert_biases = expert_biases
         self.shared = shared
         self.shared_gate = shared_gate if shared_gate is not None and len(shared_gate) else None
+        self.router_in, self.expert_scale = router_in, expert_scale
         self._moved = False
 
     def _to(self, device) -> None:
@@ -149,6 +153,11 @@ class DeviceMoE:
             self.shared_gate = as_t(self.shared_gate)
         if self.expert_biases is not None:
             self.expert_biases = [as_t(b) for b in self.expert_biases]
+        if self.router_in is not None:
+            scale, eps, root = self.router_in
+            self.router_in = (DeviceRMSNorm(np.ones(len(scale), np.float32), eps, device), as_t(scale), float(root))
+        if self.expert_scale is not None:
+            self.expert_scale = as_t(self.expert_scale)
         self._moved = True
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,19 +180,31 @@ class DeviceMoE:
             weights = torch.softmax(weights, dim=1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=1, keepdim=True)
-        return top, weights * self.routed_scale
+        weights = weights * self.routed_scale
+        if self.expert_scale is not None:
+            weights = weights * self.expert_scale[top]
+        return top, weights
 
-    def __call__(self, x: torch.Tensor, batch=None, kv=None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, batch=None, kv=None, router_x=None) -> torch.Tensor:
+        """router_x: what the router reads instead of x (Gemma 4 routes on the block's un-normed residual)."""
         self._to(x.device)
-        top, weights = self.route(self.router(x))
+        r = x if router_x is None else router_x
+        if self.router_in is not None:
+            norm, scale, root = self.router_in
+            r = (norm(r) * scale) * root
+        top, weights = self.route(self.router(r))
         out = torch.zeros_like(x)
         top_np = top.cpu().numpy()  # one sync: which experts run is decided on the host
         for e in np.unique(top_np):
             rows, slot = np.nonzero(top_np == e)
             rows_t = torch.as_tensor(rows, device=x.device)
-            gate, up, down = self.experts[e]
             xe = x.index_select(0, rows_t)
-            g, u = gate(xe), up(xe)
+            if len(self.experts[e]) == 2:  # gate|up stacked
+                gate_up, down = self.experts[e]
+                g, u = gate_up(xe).chunk(2, dim=1)
+            else:
+                gate, up, down = self.experts[e]
+                g, u = gate(xe), up(xe)
             if self.expert_biases is not None:
                 g, u = g + self.expert_biases[0][e], u + self.expert_biases[1][e]
             y = down(self.act(g, u))
@@ -202,7 +223,9 @@ class DeviceAttention:
     """Attention of one layer on the device. KV: the runner's pair when it holds tensors, else this
     layer's own device cache, else (kv_on_host: --kv-offload) the runner's numpy cache, with write_kv and
     paged attention run by cpu_kernels in RAM, as llama.cpp does for its -nkvo. Decode batches run the
-    Triton kernel where triton_dispatch allows it; prefill chunks the torch one, which batches their rows."""
+    Triton kernel where triton_dispatch allows it; prefill chunks the torch one, which batches their rows.
+    v None: V is the raw k projection (k_eq_v). A layer reading an earlier layer's K/V (src.shared_kv) computes q
+    only and writes nothing: over that layer's device cache (kv_cache) or, where it is in RAM, the numpy one."""
 
     def __init__(self, src, q, k, v, o, q_norm, k_norm, ctx: DeviceContext, kv_cache=None, kv_on_host=False):
         self.q, self.k, self.v, self.o, self.q_norm, self.k_norm = q, k, v, o, q_norm, k_norm
@@ -214,28 +237,42 @@ class DeviceAttention:
         self.rope_key = (np.asarray(src.inv_freq, np.float32).tobytes(), float(src.mscale))
         self.kv_cache = kv_cache
         self.kv_on_host = kv_on_host
+        self.shared_kv = getattr(src, "shared_kv", False)
+        vn = getattr(src, "v_norm", None)
+        self.v_norm = DeviceRMSNorm(vn[0], vn[1], ctx.device) if vn is not None else None
+
+    def _kv(self, x: torch.Tensor, t: int, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """This step's K (normed, rotated) and V (normed) rows."""
+        hkv, d = self.num_kv_heads, self.head_dim
+        k_raw = self.k(x)
+        k = k_raw.view(t, hkv, d)
+        v = (self.v(x) if self.v is not None else k_raw).view(t, hkv, d)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
+        return ops.apply_rope(k, cos, sin, self.neox), v
 
     def __call__(self, x: torch.Tensor, batch: DeviceBatch, kv) -> torch.Tensor:
-        t, hq, hkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        t, hq, d = x.shape[0], self.num_heads, self.head_dim
         q = self.q(x).view(t, hq, d)
-        k = self.k(x).view(t, hkv, d)
-        v = self.v(x).view(t, hkv, d)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q = self.q_norm(q)
         cos, sin = batch.rope(self.rope_key, self.inv_freq, self.mscale)
         q = ops.apply_rope(q, cos, sin, self.neox)
-        k = ops.apply_rope(k, cos, sin, self.neox)
+        k, v = (None, None) if self.shared_kv else self._kv(x, t, cos, sin)
         if kv is not None and isinstance(kv[0], torch.Tensor):
             k_cache, v_cache = kv
         elif self.kv_cache is not None:
             k_cache, v_cache = self.kv_cache
-        elif self.kv_on_host:
+        elif self.kv_on_host or self.shared_kv:
             return self.o(self.ctx.to_device(self._host_attention(q, k, v, batch.meta, kv)))
         else:
             raise RuntimeError("DeviceAttention: no KV cache on the device and the layer is not --kv-offload")
-        if batch.rows is not None:
-            k, v = k.index_select(0, batch.rows), v.index_select(0, batch.rows)
-        dattn.write_kv(k, v, k_cache, v_cache, batch.slots)
+        if not self.shared_kv:
+            if batch.rows is not None:
+                k, v = k.index_select(0, batch.rows), v.index_select(0, batch.rows)
+            dattn.write_kv(k, v, k_cache, v_cache, batch.slots)
         if batch.decode:
             out = triton_dispatch.run("paged_attention", q.device, lambda: self._triton(q, k_cache, v_cache, batch),
                                       lambda: self._torch(q, k_cache, v_cache, batch))
@@ -256,9 +293,10 @@ class DeviceAttention:
     def _host_attention(self, q, k, v, meta, kv) -> np.ndarray:
         from cpu_kernels import attention as cattn
         to_host = self.ctx.to_host
-        qn, kn, vn = to_host(q), to_host(k), to_host(v)
         k_cache, v_cache = kv
-        cattn.write_kv(kn, vn, k_cache, v_cache, meta.slot_mapping)
+        qn = to_host(q)
+        if k is not None:  # a layer reading an earlier layer's K/V writes none
+            cattn.write_kv(to_host(k), to_host(v), k_cache, v_cache, meta.slot_mapping)
         out = cattn.paged_attention(qn, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
                                     self.scale, self.sliding_window, self.softcap)
         return out.reshape(q.shape[0], -1)
@@ -280,9 +318,10 @@ class DeviceBlock(_DeviceBlock):
     """A layer's residual steps x = x + post(part(pre(x))) on the device, in the order of the CPU block it
     replaces (engine/model/block.py): steps are (pre norm or None, part, post norm or None)."""
 
-    def __init__(self, ctx, layer, steps):
+    def __init__(self, ctx, layer, steps, out_scale=None):
         super().__init__(ctx, layer)
         self.steps = steps
+        self.out_scale = None if out_scale is None else vector(out_scale, ctx.device)  # (1,): Gemma 4's layer scalar
 
     @property
     def parts(self) -> list:
@@ -292,7 +331,7 @@ class DeviceBlock(_DeviceBlock):
         for pre, part, post in self.steps:
             y = part(pre(h) if pre is not None else h, batch, kv)
             h = h + (post(y) if post is not None else y)
-        return h
+        return h if self.out_scale is None else h * self.out_scale
 
 
 class HostModule:
@@ -301,8 +340,9 @@ class HostModule:
     def __init__(self, module, ctx: DeviceContext):
         self.module, self.ctx = module, ctx
 
-    def __call__(self, x: torch.Tensor, batch=None, kv=None) -> torch.Tensor:
-        return self.ctx.to_device(self.module(self.ctx.to_host(x)))
+    def __call__(self, x: torch.Tensor, batch=None, kv=None, **kw) -> torch.Tensor:
+        kw = {k: self.ctx.to_host(v) for k, v in kw.items()}  # tensors the part takes besides x (a MoE's router_x)
+        return self.ctx.to_device(self.module(self.ctx.to_host(x), **kw))
 
 
 class OnDevice:

@@ -87,9 +87,8 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
     wd = plan.options.get("gpu_weight_dtype", "auto")
     conv = Converter(model, ctx, default_fmt=wd if wd in DTYPES else "packed")
     originals = (list(model.blocks), model.lm_head) if keep_originals else None
-    cfg = model.config
     kv_dtype = getattr(torch, kv_storage_dtype(kv_cache_dtype))
-    kv_shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    layout = model.kv_layout  # each layer's cache; a KV-shared layer reads its source layer's (none of its own)
     patches, runner_kv, device_kv = [], {}, {}
     with torch.no_grad():
         for lp in plan.layers:
@@ -99,9 +98,12 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
                     patches += conv.patch_cpu_block(model.blocks[i], i, lp)
                 continue
             kv = None
-            if lp.kv_device != "cpu":
-                kv = (torch.zeros(kv_shape, dtype=kv_dtype, device=ctx.device),
-                      torch.zeros(kv_shape, dtype=kv_dtype, device=ctx.device))
+            if layout[i].shared_from >= 0:  # the source layer's device KV, or (in RAM) the numpy cache it is handed
+                kv = device_kv.get(layout[i].shared_from)
+            elif lp.kv_device != "cpu":
+                shape = layout[i].block_shape(num_blocks, block_size)
+                kv = (torch.zeros(shape, dtype=kv_dtype, device=ctx.device),
+                      torch.zeros(shape, dtype=kv_dtype, device=ctx.device))
                 device_kv[i] = kv
                 if runner is not None:
                     runner_kv[i] = runner.kv_caches[i]
@@ -120,7 +122,7 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
     if plan.kv.num_cpu_blocks and device_kv:
         from offload.kv_tiers import HostKVTier
         # A swapped block id is reused in every layer: with a runner, its RAM layers' KV moves too.
-        tier = HostKVTier(plan.kv.num_cpu_blocks, dict(enumerate(runner.kv_caches)) if runner else device_kv)
+        tier = HostKVTier(plan.kv.num_cpu_blocks, own_caches(runner.kv_caches) if runner else device_kv)
     model.kv_tier = tier
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
@@ -140,8 +142,18 @@ def bind_runner(runner, model) -> int:
             n += 1
     tier = getattr(model, "kv_tier", None)
     if tier is not None:
-        tier.bind(dict(enumerate(runner.kv_caches)))
+        tier.bind(own_caches(runner.kv_caches))
     return n
+
+
+def own_caches(kv_caches: list) -> dict:
+    """Layer -> its cache, each cache once (a KV-shared layer holds its source layer's pair: not copied twice)."""
+    out, seen = {}, set()
+    for i, kv in enumerate(kv_caches):
+        if id(kv) not in seen:
+            seen.add(id(kv))
+            out[i] = kv
+    return out
 
 
 def _output_layer_plan(plan: PlacementPlan):

@@ -75,7 +75,7 @@ class Converter:
         """The device twin of a CPU Block (engine/model/block.py), step by step."""
         steps = [(self.norm(pre), part.to_device(self, lp, kv_cache), self.norm(post))
                  for pre, part, post in zip(blk.pre, blk.parts, blk.post)]
-        return dm.DeviceBlock(self.ctx, layer, steps)
+        return dm.DeviceBlock(self.ctx, layer, steps, getattr(blk, "out_scale", None))
 
     def patch_cpu_block(self, blk, layer: int, lp) -> list[tuple[object, object, object]]:
         """A CPU layer with tensors overridden onto the device: swap those leaves (or whole parts) for OnDevice

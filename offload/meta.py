@@ -58,6 +58,13 @@ class ModelMeta:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     tensors: tuple[TensorMeta, ...] = ()
+    kv_layout: tuple = ()  # core/kv_spec.LayerKV per layer; () = every layer num_kv_heads x head_dim
+
+    def layer_kv_bytes(self, layer: int, block_size: int, kv_cache_dtype: str) -> int:
+        """One block's K and V in `layer` (0 for a layer reading another layer's cache)."""
+        from engine.core.kv_spec import LayerKV
+        kv = self.kv_layout[layer] if self.kv_layout else LayerKV(self.num_kv_heads, self.head_dim)
+        return kv.bytes_per_block(block_size, kv_cache_dtype)
 
     def layer_tensors(self, layer: int) -> list[TensorMeta]:
         return [t for t in self.tensors if t.layer == layer]
@@ -89,9 +96,11 @@ def model_meta(ws) -> ModelMeta:
         tensors.append(TensorMeta(n, Q(info.ggml_type).name, tuple(int(s) for s in info.shape), int(info.nbytes)))
     tied = bool(cfg.tie_word_embeddings) or "output.weight" not in names
     name = cfg.name or os.path.basename(os.fspath(ws.path).rstrip("/"))
+    from engine.model.registry import architecture
     return ModelMeta(name, cfg.arch, cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size,
                      cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.max_position_embeddings, tied,
-                     cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, tuple(tensors))
+                     cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, tuple(tensors),
+                     architecture(cfg.arch).kv_layout(cfg))
 
 
 def model_meta_from_path(path: str) -> ModelMeta:
@@ -111,6 +120,11 @@ SHAPES: dict[str, dict] = {
                               num_heads=32, num_kv_heads=4, head_dim=128, vocab_size=151936,
                               max_position_embeddings=40960, num_experts=128, num_experts_per_tok=8,
                               moe_intermediate_size=768),
+    "gemma4-26b-a4b": dict(arch="gemma4", num_layers=30, hidden_size=2816, intermediate_size=2112, num_heads=16,
+                           num_kv_heads=8, head_dim=256, head_dim_global=512, num_kv_heads_global=2, attn_k_eq_v=True,
+                           rope_pairs_global=64, vocab_size=262144, max_position_embeddings=262144,
+                           tie_word_embeddings=True, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=704,
+                           layer_sliding_window=tuple(0 if (i + 1) % 6 == 0 else 1024 for i in range(30))),
     "gemma-3-270m": dict(arch="gemma3", num_layers=18, hidden_size=640, intermediate_size=2048, num_heads=4,
                          num_kv_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
                          tie_word_embeddings=True),
@@ -133,14 +147,22 @@ def _qtype(quant: str, name: str, layer: int | None, n_layers: int, tied: bool) 
     return Q[quant.upper()]
 
 
+def shape_config(s: dict):
+    """The ModelConfig of a shape description (see SHAPES): its ModelConfig keys, 0 for the required ones absent."""
+    from dataclasses import fields
+
+    from engine.model.config import ModelConfig
+    names = {f.name for f in fields(ModelConfig)}
+    required = ("arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                "head_dim")
+    return ModelConfig(**{**{k: 0 for k in required}, **{k: v for k, v in s.items() if k in names}})
+
+
 def layer_tensor_shapes(s: dict, layer: int) -> list[tuple[str, tuple[int, ...]]]:
     """GGUF names and shapes of one layer's tensors for a shape description (see SHAPES): the architecture's
     BlockSpec for that layer says what they are."""
-    from engine.model.config import ModelConfig
     from engine.model.registry import architecture
-    keys = ("arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-            "head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size")
-    cfg = ModelConfig(**{k: s.get(k, 0) for k in keys})
+    cfg = shape_config(s)
     return [(f"blk.{layer}.{n}", shape) for n, shape in architecture(cfg.arch).block(cfg, layer).tensors(cfg).items()]
 
 
@@ -157,6 +179,9 @@ def synthetic_meta(shape: str | dict, quant: str = "q4_k_m", name: str | None = 
     shapes = [("token_embd.weight", (V, H)), ("output_norm.weight", (H,))]
     if not tied:
         shapes.append(("output.weight", (V, H)))
+    from engine.model.registry import architecture
+    cfg = shape_config(s)
+    shapes += list(architecture(cfg.arch).model_tensors(cfg).items())  # per-layer embeddings (Gemma 4), ...
     for i in range(L):
         shapes += layer_tensor_shapes(s, i)
     tensors = []
@@ -168,7 +193,8 @@ def synthetic_meta(shape: str | dict, quant: str = "q4_k_m", name: str | None = 
     label = name or (shape if isinstance(shape, str) else s.get("name", "synthetic")) + f"-{quant}"
     return ModelMeta(label, s["arch"], L, H, s["intermediate_size"], V, s["num_heads"], s["num_kv_heads"],
                      s["head_dim"], s["max_position_embeddings"], tied, s.get("num_experts", 0),
-                     s.get("num_experts_per_tok", 0), s.get("moe_intermediate_size", 0), tuple(tensors))
+                     s.get("num_experts_per_tok", 0), s.get("moe_intermediate_size", 0), tuple(tensors),
+                     architecture(cfg.arch).kv_layout(cfg))
 
 
 def _nbytes(t: Q, shape: tuple[int, ...]) -> int:

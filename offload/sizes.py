@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import math
 
-from engine.core.kv_spec import KV_RAM_FRACTION, bytes_per_block_per_layer
+from engine.core.kv_spec import KV_RAM_FRACTION
 from offload.devices import Devices, DeviceInfo
 from offload.meta import ModelMeta, TensorMeta
 from offload.plan_types import GIB, DeviceUsage, PlanOptions, gib
@@ -81,8 +81,9 @@ class SizeModel:
         self.ram = devices.ram
         self.gpu: DeviceInfo | None = None
         self.units = [self._layer_units(i) for i in range(self.L)]
-        self.block_layer_bytes = bytes_per_block_per_layer(o.block_size, meta.num_kv_heads, meta.head_dim,
-                                                           o.kv_cache_dtype)
+        # one block's K and V per layer (0 where a layer reads another layer's cache: Gemma 4's KV sharing)
+        self.layer_block_bytes = [meta.layer_kv_bytes(i, o.block_size, o.kv_cache_dtype) for i in range(self.L)]
+        self.block_layer_bytes = max(self.layer_block_bytes, default=0)
         self.ignore_rules = False
         self._layer_bytes: dict[tuple, tuple[int, int, int]] = {}
         # KV blocks (the null block included) that requests can use at once, and the least `auto` keeps room for.
@@ -98,18 +99,28 @@ class SizeModel:
         """Bytes of RAM the KV may take, and what set them."""
         o, m = self.o, self.m
         if o.kv_pool_blocks is not None:
-            return (o.kv_pool_blocks * self.block_layer_bytes * self.L,
+            return (o.kv_pool_blocks * self.kv_block_bytes(range(self.L)),
                     "the engine's KV pool (kv_cache_memory, else a share of the RAM left after the weights)")
         if o.kv_cache_memory is not None:
             return int(o.kv_cache_memory * GIB), f"kv_cache_memory {o.kv_cache_memory:g} GiB"
         return (int(max(self.ram.free_bytes - m.total_bytes, 1 << 28) * KV_RAM_FRACTION),
                 f"{KV_RAM_FRACTION:.0%} of the RAM left after the weights")
 
-    def host_kv_layers(self, choices: list[_Choice]) -> int:
+    def kv_block_bytes(self, layers) -> int:
+        """One block id's K and V in these layers."""
+        return sum(self.layer_block_bytes[i] for i in layers)
+
+    def host_kv_layers(self, choices: list[_Choice]) -> list[int]:
         """Layers whose KV sits in host RAM: CPU layers, GPU layers with --kv-offload, all of them when the
-        GPU's memory is the host's (torch's CPU device, APUs)."""
+        GPU's memory is the host's (torch's CPU device, APUs); layers without a cache of their own left out."""
         shared = self.gpu is not None and self.gpu.shared_with_host
-        return sum(c.device == "cpu" or self.o.kv_offload or shared for c in choices)
+        return [i for i, c in enumerate(choices)
+                if (c.device == "cpu" or self.o.kv_offload or shared) and self.layer_block_bytes[i]]
+
+    def gpu_kv_layers(self, choices: list[_Choice]) -> list[int]:
+        """GPU layers holding KV of their own on the device."""
+        return [] if self.o.kv_offload else [i for i, c in enumerate(choices)
+                                             if c.device == "gpu" and self.layer_block_bytes[i]]
 
     def kv_wanted(self, choices: list[_Choice]) -> tuple[int, str]:
         """KV blocks these choices want: what requests can use (max_model_len x max_num_seqs), within the RAM
@@ -120,8 +131,9 @@ class SizeModel:
             return self.need_blocks, "num_gpu_blocks_override"
         host = self.host_kv_layers(choices)
         budget, what = self.ram_kv_budget()
-        if host and budget // (self.block_layer_bytes * host) < self.need_blocks:
-            return int(budget // (self.block_layer_bytes * host)), f"{what}: {gib(budget)} for {host} layer(s)"
+        per = self.kv_block_bytes(host)
+        if host and budget // per < self.need_blocks:
+            return int(budget // per), f"{what}: {gib(budget)} for {len(host)} layer(s)"
         return self.need_blocks, f"max_model_len {self.max_model_len} x max_num_seqs {o.max_num_seqs}"
 
     # ------------------------------------------------------------ sizes
@@ -230,8 +242,7 @@ class SizeModel:
 
     def gpu_need(self, choices, out_gpu: bool, out_fmt: str, blocks: int) -> DeviceUsage:
         w = sum(self.layer_bytes(i, c)[1] for i, c in enumerate(choices)) + self.output_bytes(out_gpu, out_fmt)[1]
-        kv_layers = 0 if self.o.kv_offload else sum(c.device == "gpu" for c in choices)
-        return DeviceUsage(self.gpu.name, self.budget, w, blocks * self.block_layer_bytes * kv_layers,
+        return DeviceUsage(self.gpu.name, self.budget, w, blocks * self.kv_block_bytes(self.gpu_kv_layers(choices)),
                            self.work_bytes(choices, out_gpu), self.margin())
 
     def fits(self, choices, out_gpu, out_fmt, blocks) -> bool:

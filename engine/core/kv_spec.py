@@ -3,6 +3,9 @@ block takes, and the share of free RAM the pool takes by default. The runner, th
 GPU placement all read these (plain names and ints: no numpy or torch here)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Sequence
+
 # kv_cache_dtype (vLLM's argument) -> the element type the cache stores (numpy and torch spell these alike).
 KV_CACHE_DTYPES = {"auto": "float16", "fp16": "float16", "float16": "float16", "fp32": "float32", "float32": "float32"}
 ITEMSIZE = {"float16": 2, "float32": 4}
@@ -26,6 +29,28 @@ def kv_itemsize(kv_cache_dtype: str) -> int:
 def bytes_per_block_per_layer(block_size: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str) -> int:
     """K and V of block_size tokens in one layer."""
     return 2 * block_size * num_kv_heads * head_dim * kv_itemsize(kv_cache_dtype)
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """One layer's paged cache per token: K and V rows of num_heads x head_dim; or, with shared_from >= 0, none of
+    its own: the layer reads the cache of layer shared_from (Gemma 4's KV-shared layers) and costs no bytes."""
+    num_heads: int
+    head_dim: int
+    shared_from: int = -1
+
+    def block_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
+        return (num_blocks, block_size, self.num_heads, self.head_dim)
+
+    def bytes_per_block(self, block_size: int, kv_cache_dtype: str) -> int:
+        if self.shared_from >= 0:
+            return 0
+        return bytes_per_block_per_layer(block_size, self.num_heads, self.head_dim, kv_cache_dtype)
+
+
+def layout_bytes_per_block(layout: Sequence[LayerKV], block_size: int, kv_cache_dtype: str) -> int:
+    """One block id's cache in every layer of a layout (one LayerKV per layer; shared layers count nothing)."""
+    return sum(layer.bytes_per_block(block_size, kv_cache_dtype) for layer in layout)
 
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str) -> int:

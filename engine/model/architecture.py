@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.core.kv_spec import LayerKV
 from engine.model.spec import BlockSpec
 
 
@@ -15,10 +16,15 @@ class Architecture:
     embed_scale: bool = False            # embeddings times sqrt(hidden_size) (Gemma)
     rope_neox: bool = True               # RoPE pairs (i, i + d/2); llama's permuted GGUF rows pair (2i, 2i + 1)
     dense_ffn: bool = True               # every layer has a dense MLP of feed_forward_length (False: MoE layers)
+    gguf_per_layer_keys: tuple[str, ...] = ()  # GGUF keys that may be per-layer arrays: the shared reader takes
+                                               # layer 0's value, gguf_config reads the whole array
     # HF folders
     hf_layer_map: dict[str, str] = {}    # per-layer HF module -> GGUF tensor base, beside hf.LAYER_MAP
     hf_permute_qk: bool = False          # Q/K rows permuted as llama.cpp's converter does for llama
     hf_norm_offset: float = 0.0          # added to every RMSNorm weight (Gemma stores w, GGUF holds 1 + w)
+    hf_special_map: dict[str, str] = {}  # per-layer HF tensors named without .weight/.bias -> GGUF names
+    hf_global_map: dict[str, str] = {}   # model-level HF tensors (beyond embedding, norm, head) -> GGUF names
+    hf_fused_gate_up: bool = False       # experts' gate_up_proj stays one ffn_gate_up_exps (llama.cpp's layout)
     hf_tie_default: bool = False         # tie_word_embeddings when config.json does not say
     hf_default_rope_theta: float = 10000.0
 
@@ -39,3 +45,20 @@ class Architecture:
 
     def block(self, cfg, layer: int) -> BlockSpec:
         raise NotImplementedError
+
+    def gguf_tensors(self, cfg) -> dict:
+        """Tensors llama.cpp's converter computes for this architecture (not in an HF folder): name -> f32 array."""
+        return {}
+
+    def kv_layout(self, cfg) -> tuple[LayerKV, ...]:
+        """Each layer's paged cache, from its BlockSpec (the runner allocates it, the planner and `info` count it)."""
+        return tuple(self.block(cfg, i).kv(cfg) for i in range(cfg.num_layers))
+
+    def per_layer_embedding(self, cfg):
+        """A spec.PerLayerEmbeddingSpec when tokens carry per-layer embeddings (computed before the layers)."""
+        return None
+
+    def model_tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        """Model-level tensors beyond token_embd, output_norm and output (GGUF names, numpy shapes)."""
+        spec = self.per_layer_embedding(cfg)
+        return spec.tensors(cfg) if spec is not None else {}

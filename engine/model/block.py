@@ -6,6 +6,7 @@ import numpy as np
 
 from engine.model.fused_block import FusedBlock
 from engine.model.parts import build_part
+from engine.model.parts.linear import has, vector
 from engine.model.parts.norm import RMSNorm, add_and_norm
 from engine.model.spec import BlockSpec
 
@@ -17,6 +18,8 @@ class Block:
         self.parts = [build_part(st.part, ws, cfg, p, batch_invariant, shared) for st in spec.steps]
         self.pre = [RMSNorm(ws, p + st.pre + ".weight", cfg.rms_norm_eps) if st.pre else None for st in spec.steps]
         self.post = [RMSNorm(ws, p + st.post + ".weight", cfg.rms_norm_eps) if st.post else None for st in spec.steps]
+        scale = p + spec.out_scale if spec.out_scale else None
+        self.out_scale = vector(ws, scale).copy() if scale and has(ws, scale) else None  # f32 (1,) on the output
         self.fused = FusedBlock(self)
 
     def __call__(self, x: np.ndarray, meta, kv) -> np.ndarray:
@@ -29,8 +32,15 @@ class Block:
             x, h = add_and_norm(x, part(h, meta, kv), self.post[i], nxt)
             if nxt is None:
                 h = x
+        if self.out_scale is not None:
+            x *= self.out_scale[0]  # x is add_and_norm's own array
         return x
 
     def attention(self):
         """The part whose RoPE table the step uses (the fused call takes one), or None."""
         return next((p for p in self.parts if hasattr(p, "rope_table")), None)
+
+    def step_input(self, meta):
+        """Rows a part reads from the step besides x (its per-layer embeddings: the fused call takes them), or None."""
+        part = next((p for p in self.parts if hasattr(p, "step_input")), None)
+        return part.step_input(meta) if part is not None else None

@@ -44,6 +44,14 @@ class ModelConfig:
     rope_dim: int = 0                   # rotated dims of a head (partial rotary); 0 = head_dim
     attn_bias: bool = False             # q/k/v biases
     qk_norm: bool = False               # per-head RMSNorm of q and k before RoPE
+    # Gemma 4: full-attention layers with their own heads, KV shared by the last layers, per-layer embeddings
+    head_dim_global: int = 0            # head_dim of full-attention layers (0 = head_dim)
+    num_kv_heads_global: int = 0        # their kv heads (0 = num_kv_heads)
+    rope_pairs_global: int = 0          # their rotating frequency pairs (proportional RoPE; 0 = all)
+    attn_k_eq_v: bool = False           # full-attention layers have no attn_v: V is the raw k projection
+    kv_shared_layers: int = 0           # the last N layers read the K/V of the last earlier layer of their kind
+    double_wide_mlp: bool = False       # those KV-shared layers' MLP is 2 x intermediate_size wide
+    per_layer_input_size: int = 0       # per-layer embeddings: width per layer (0 = none)
     # Multi-token-prediction layers after the main ones (kept in the file, not run by the decoder)
     nextn_layers: int = 0
     # Tokens

@@ -1,5 +1,6 @@
-"""The decoder every architecture shares: embed -> blocks (one per layer, from the architecture's BlockSpecs) ->
-final norm -> logits."""
+"""The decoder every architecture shares: embed (and per-layer embeddings, Gemma 4) -> blocks (one per layer, from the
+architecture's BlockSpecs, each over its paged cache or, for a KV-shared layer, the one it reads) -> final norm ->
+logits."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +13,7 @@ from engine.model.block import Block
 from engine.model.config import ModelConfig
 from engine.model.parts.linear import Linear, has
 from engine.model.parts.norm import RMSNorm
+from engine.model.parts.per_layer import STEP_KEY, PerLayerEmbeddings
 from engine.worker.batch import BatchMetadata, RowGroups
 
 
@@ -29,6 +31,11 @@ class DecoderModel:
         shared: dict = {}  # what layers share (RoPE tables)
         self.blocks = [Block(arch.block(config, i), ws, config, i, batch_invariant, shared)
                        for i in range(config.num_layers)]
+        self.kv_layout = arch.kv_layout(config)  # each layer's paged cache (core/kv_spec.LayerKV)
+        # the cache each layer reads: its own, or the earlier layer's it shares
+        self.kv_sources = [kv.shared_from if kv.shared_from >= 0 else i for i, kv in enumerate(self.kv_layout)]
+        ple = arch.per_layer_embedding(config)
+        self.per_layer = PerLayerEmbeddings(ple, ws, config, batch_invariant) if ple is not None else None
 
     def embed_tokens(self, input_ids: np.ndarray) -> np.ndarray:
         x = self.embed.weight.embed(np.ascontiguousarray(input_ids, dtype=np.int64))
@@ -41,8 +48,10 @@ class DecoderModel:
         """Runs all blocks over the flattened batch; returns hidden states (T, H) before the final norm."""
         x = self.embed_tokens(meta.input_ids)
         meta = dataclasses.replace(meta, rows=RowGroups(meta.query_start_loc, self.prefill_dtype))
-        for block, kv in zip(self.blocks, kv_caches):
-            x = block(x, meta, kv)
+        if self.per_layer is not None:  # every layer's share, once per token
+            meta.step_cache[STEP_KEY] = self.per_layer(meta.input_ids, x, meta.rows)
+        for block, src in zip(self.blocks, self.kv_sources):
+            x = block(x, meta, kv_caches[src])
         return x
 
     def compute_logits(self, hidden: np.ndarray, per_row: bool = False) -> np.ndarray:
@@ -54,5 +63,5 @@ class DecoderModel:
             activations.softcap(logits, self.config.final_logit_softcap)
         return logits
 
-    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
-        return (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+    def kv_cache_shape(self, num_blocks: int, block_size: int, layer: int = 0) -> tuple[int, int, int, int]:
+        return self.kv_layout[layer].block_shape(num_blocks, block_size)

@@ -17,6 +17,8 @@ from engine.model import fused_compile
 from engine.model.parts.norm import norm_args
 
 _NO_ROPE = np.zeros((0, 0), np.float32)
+_NO_INPUT = np.zeros((0, 0), np.float32)  # no per-layer input rows
+_NO_SCALE = np.zeros(0, np.float32)       # no output scale
 
 
 def enabled() -> bool:
@@ -49,9 +51,12 @@ class FusedBlock:
             self._kv_id, self._kv = kv, (_kernel_view(kv[0]), _kernel_view(kv[1]))
         attn = self.block.attention()
         cos, sin = attn.rope_table(meta) if attn is not None else (_NO_ROPE, _NO_ROPE)
+        layer_in = self.block.step_input(meta)
+        scale = self.block.out_scale
         get, put = _raw_setters()  # also launches the pool, whose symbols block_step links to
         args = (x, *self.args, cos, sin, *self._kv, meta.slot_mapping, meta.query_start_loc, meta.seq_lens,
-                meta.block_tables, meta.max_seq_len, serial_work())
+                meta.block_tables, meta.max_seq_len, serial_work(), _NO_SCALE if scale is None else scale,
+                _NO_INPUT if layer_in is None else layer_in)
         if not self._compiled:
             self._sig = self._sig or fused_compile.signature(args)
             self._compiled = fused_compile.ready(self._sig)

@@ -40,8 +40,10 @@ class _Meta:
             return None
         key = f"{self.arch}.{suffix}"
         if isinstance(v, np.ndarray):
-            # Per-layer arrays (some converters write head counts that way): fine when all equal.
-            if v.size == 0 or not np.all(v == v.flat[0]):
+            # Per-layer arrays (some converters write head counts that way): fine when all equal, or layer 0's value
+            # where the architecture reads the whole array itself (Architecture.gguf_per_layer_keys).
+            per_layer = v.size and suffix in architecture(self.arch).gguf_per_layer_keys
+            if v.size == 0 or (not per_layer and not np.all(v == v.flat[0])):
                 raise ModelLoadError(f"{self.gf.path}: metadata '{key}' varies per layer ({v.tolist()[:8]}...)"
                                      "; per-layer values are not supported")
             v = v.flat[0].item()

@@ -9,6 +9,7 @@ architecture stores them zero-centred (hf_norm_offset; F32, as GGUF has them), a
 from __future__ import annotations
 
 import json
+import logging
 import math
 import mmap
 import os
@@ -26,6 +27,7 @@ from engine.model.gguf import TensorInfo, raw_view, tensor_nbytes
 from engine.model.registry import architecture, architecture_of_model_type, hf_model_types
 from engine.model.weights import WeightSource
 
+logger = logging.getLogger("ramlm.model")
 _ST_DTYPES = {"F32": GT.F32, "F16": GT.F16, "BF16": GT.BF16}
 _ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                 "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -48,7 +50,8 @@ SPECIAL_MAP = {"mlp.gate.e_score_correction_bias": "exp_probs_b.bias"}
 _SPECIAL_RE = re.compile(r"model\.layers\.(\d+)\.(mlp\.gate\.e_score_correction_bias)$")
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 _EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
-_FUSED_EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj$")
+_FUSED_EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.(?:mlp\.)?experts\.(gate_up|down)_proj$")
+_LAYER_ANY_RE = re.compile(r"model\.layers\.(\d+)\.(.+)$")
 _PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
              ("language_model.lm_head.", "lm_head."))
 
@@ -68,6 +71,8 @@ def _rope(cfg: dict, default_theta: float, source: str) -> tuple[float, RopeScal
     sc = params if params.get("rope_type", "default") not in (None, "default") else (cfg.get("rope_scaling") or {})
     kind = sc.get("rope_type", sc.get("type")) or "default"
     factor = float(sc.get("factor") or 1.0)
+    if kind == "proportional":  # Gemma 4: which frequencies turn is the architecture's; a factor divides them all
+        kind = "linear"
     orig = int(sc.get("original_max_position_embeddings") or 0)
     if kind == "default" or (kind == "linear" and factor == 1.0):
         return theta, RopeScaling()
@@ -117,7 +122,7 @@ def config_from_hf(config_json: dict, source: str = "config.json") -> ModelConfi
     mt = config_json.get("model_type")
     cfg = config_json
     if isinstance(cfg.get("text_config"), dict):  # a multimodal config: its text model
-        outer = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}
+        outer = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config", "audio_config")}
         cfg = {**outer, **cfg["text_config"]}
         mt = cfg.get("model_type") if cfg.get("model_type") in hf_model_types() else mt
     arch = architecture_of_model_type(mt, source)
@@ -240,6 +245,7 @@ class HFWeights(WeightSource):
         self.unmapped: list[str] = []  # HF tensors with no GGUF counterpart (vision tower, inv_freq, ...)
         self._map(config)
         self.config = self._reconcile(config)
+        self._log_skipped()
 
     # -- names -----------------------------------------------------------------------------------------
     def _map(self, c: ModelConfig) -> None:
@@ -254,9 +260,14 @@ class HFWeights(WeightSource):
                     _fail(f.path, f"tensor '{name}' also appears in {sources[hf][0].path}")
                 sources[hf] = (f, name)
         layer_map = {**LAYER_MAP, **self.arch.hf_layer_map}
+        special = self.arch.hf_special_map
         experts: dict[tuple[int, str], dict[int, tuple[_SafetensorsFile, str]]] = {}
         for hf, src in sources.items():
-            if hf == "model.embed_tokens.weight":
+            if hf in self.arch.hf_global_map:
+                self._add(self.arch.hf_global_map[hf], c, src)
+            elif (m := _LAYER_ANY_RE.match(hf)) and m[2] in special:
+                self._add(f"blk.{m[1]}.{special[m[2]]}", c, src)
+            elif hf == "model.embed_tokens.weight":
                 self._add("token_embd.weight", c, src)
             elif hf == "model.norm.weight":
                 self._add("output_norm.weight", c, src)
@@ -320,6 +331,11 @@ class HFWeights(WeightSource):
             self._tensors[name] = (TensorInfo(name, gtype, shape, src[0].entries[src[1]][2],
                                               tensor_nbytes(gtype, shape)), load)
             return
+        if self.arch.hf_fused_gate_up:  # kept stacked, as llama.cpp's converter writes it for this architecture
+            name = f"blk.{layer}.ffn_gate_up_exps.weight"
+            self._tensors[name] = (TensorInfo(name, gtype, shape, src[0].entries[src[1]][2],
+                                              tensor_nbytes(gtype, shape)), load)
+            return
         half = shape[1] // 2
         for i, proj in enumerate(("gate", "up")):
             name, sub = f"blk.{layer}.ffn_{proj}_exps.weight", (shape[0], half, shape[2])
@@ -348,6 +364,15 @@ class HFWeights(WeightSource):
                 pass  # generation_config is advisory
         return replace(c, vocab_size=head.shape[0], eos_token_ids=tuple(eos),
                        name=c.name or os.path.basename(os.path.normpath(self.path)))
+
+    def _log_skipped(self) -> None:
+        """A multimodal checkpoint: say which towers are left out (only its text model runs)."""
+        towers = [k.removesuffix("_config") for k in ("vision_config", "audio_config") if self.metadata.get(k)]
+        if not isinstance(self.metadata.get("text_config"), dict) or not towers and not self.unmapped:
+            return
+        logger.info("%s: loading the text model of this %s checkpoint; skipping its %s (%d tensors not loaded)",
+                    self.path, self.metadata.get("model_type", "multimodal"),
+                    " and ".join(towers) or "non-text parts", len(self.unmapped))
 
     # -- WeightSource ----------------------------------------------------------------------------------
     def names(self) -> list[str]:

@@ -5,6 +5,8 @@ import math
 import os
 from typing import Any
 
+from engine.core.kv_spec import layout_bytes_per_block
+from engine.model.registry import architecture
 from engine.model.weights import open_weights
 
 KV_BYTES_PER_ELEMENT = 2  # fp16 KV cache, the default
@@ -22,8 +24,9 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     Returns:
         dict with path, format, architecture, name, config (ModelConfig.to_dict()), num_tensors,
         num_params, tensor_types {type name: {"count", "bytes"}} (largest first), total_weight_bytes,
-        kv_bytes_per_1k_tokens (fp16, every layer at full attention), sliding_window_layers,
-        kv_note (what the KV figure means for sliding-window models).
+        kv_bytes_per_1k_tokens (fp16, every layer at full attention: the layers' caches as the runner allocates
+        them, core/kv_spec.LayerKV), sliding_window_layers, kv_shared_layers (layers reading an earlier layer's
+        cache, holding none), kv_note (what the KV figure counts).
     Raises:
         ModelLoadError: as open_weights.
     """
@@ -38,9 +41,13 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         entry["bytes"] += t.nbytes
         num_params += math.prod(t.shape)
     types = dict(sorted(types.items(), key=lambda kv: -kv[1]["bytes"]))
-    kv_1k = kv_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim) * 1024
+    layout = architecture(c.arch).kv_layout(c)
+    kv_1k = layout_bytes_per_block(layout, 1024, "fp16")
     sliding = [w for w in c.layer_sliding_window if w > 0]
+    shared = sum(kv.shared_from >= 0 for kv in layout)
     note = "fp16 K and V, every layer at full attention"
+    if shared:
+        note += f"; {shared} layers read the K/V of earlier layers and hold none"
     if sliding:
         note += (f"; {len(sliding)} of {c.num_layers} layers use a sliding window of {max(sliding)} tokens, "
                  "so beyond that length they stop growing and the real cost is lower")
@@ -56,6 +63,7 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         "total_weight_bytes": sum(v["bytes"] for v in types.values()),
         "kv_bytes_per_1k_tokens": kv_1k,
         "sliding_window_layers": len(sliding),
+        "kv_shared_layers": shared,
         "kv_note": note,
     }
 
@@ -87,6 +95,9 @@ def format_info(info: dict[str, Any]) -> str:
         rope += f", {rs['type']} scaling x{rs['factor']:g}"
     windows = list(c["layer_sliding_window"])
     attn = f"{c['num_heads']} heads, {c['num_kv_heads']} kv heads, head_dim {c['head_dim']}"
+    if c.get("head_dim_global"):  # Gemma 4's full-attention layers
+        attn += (f" (full layers: {c['num_kv_heads_global'] or c['num_kv_heads']} kv heads, head_dim "
+                 f"{c['head_dim_global']})")
     lines = [
         f"model:          {info['path']} ({info['format']})",
         f"name:           {info['name'] or '-'}",

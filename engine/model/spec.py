@@ -9,42 +9,63 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cpu_kernels.rope import RopeScaling
+from engine.core.kv_spec import LayerKV
 
 
 @dataclass(frozen=True)
 class RopeSpec:
     """One RoPE table: base, scaling, pairing (neox: (i, i + d/2); else (2i, 2i + 1), llama's permuted GGUF
     rows, both within the rotated dims), whether llama.cpp's rope_freqs.weight tensor (llama 3.1's scaling) divides
-    the frequencies, and how many leading dims rotate."""
+    the frequencies, and how many leading dims rotate. pairs: proportional RoPE (Gemma 4's full layers): the
+    frequencies run over the whole dim but only the first `pairs` turn, the rest are 0 (pairs (j, j + d/2))."""
     theta: float
     scaling: RopeScaling = field(default_factory=RopeScaling)
     neox: bool = False
     freqs_tensor: bool = False
     dim: int = 0  # rotated dims of a head, the first ones (partial rotary); 0 = all
+    pairs: int = 0  # turning frequencies (proportional RoPE); 0 = all
 
 
 @dataclass(frozen=True)
 class AttentionSpec:
     """Self-attention over the paged KV cache: attn_q/k/v/output (+ .bias with qkv_bias), attn_q_norm/attn_k_norm
     (per-head RMSNorm) with qk_norm, a sliding window (0 = full), a logit softcap (0 = none) and the score scale
-    (0 = head_dim ** -0.5)."""
+    (0 = head_dim ** -0.5). Gemma 4: head_dim / num_kv_heads of the layer (0 = cfg's); k_eq_v: no attn_v, V is the
+    raw attn_k output; v_norm: V RMSNormed (no weight) before it is cached; kv_from >= 0: the layer computes q only
+    and attends over layer kv_from's cache (no attn_k, attn_v, attn_k_norm of its own)."""
     rope: RopeSpec
     qkv_bias: bool = False
     qk_norm: bool = False
     sliding_window: int = 0
     softcap: float = 0.0
     scale: float = 0.0
+    head_dim: int = 0
+    num_kv_heads: int = 0
+    k_eq_v: bool = False
+    v_norm: bool = False
+    kv_from: int = -1
+
+    def dims(self, cfg) -> tuple[int, int]:
+        """(head_dim, kv heads) of the layer."""
+        return self.head_dim or cfg.head_dim, self.num_kv_heads or cfg.num_kv_heads
 
     def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
-        H, D = cfg.hidden_size, cfg.head_dim
-        hq, hkv = cfg.num_heads * D, cfg.num_kv_heads * D
-        out = {"attn_q.weight": (hq, H), "attn_k.weight": (hkv, H), "attn_v.weight": (hkv, H),
-               "attn_output.weight": (H, hq)}
+        D, nkv = self.dims(cfg)
+        H, hq, hkv = cfg.hidden_size, cfg.num_heads * D, nkv * D
+        own = ("q",) if self.kv_from >= 0 else (("q", "k") if self.k_eq_v else ("q", "k", "v"))
+        rows = {"q": hq, "k": hkv, "v": hkv}
+        out = {f"attn_{p}.weight": (rows[p], H) for p in own}
+        out["attn_output.weight"] = (H, hq)
         if self.qkv_bias:
-            out.update({"attn_q.bias": (hq,), "attn_k.bias": (hkv,), "attn_v.bias": (hkv,)})
+            out.update({f"attn_{p}.bias": (rows[p],) for p in own})
         if self.qk_norm:
-            out.update({"attn_q_norm.weight": (D,), "attn_k_norm.weight": (D,)})
+            out.update({f"attn_{p}_norm.weight": (D,) for p in own if p != "v"})
         return out
+
+    def kv(self, cfg) -> LayerKV:
+        """Its paged cache per token: K and V of every kv head, or none of its own (kv_from)."""
+        D, nkv = self.dims(cfg)
+        return LayerKV(nkv, D, self.kv_from)
 
 
 @dataclass(frozen=True)
@@ -77,7 +98,9 @@ class MoESpec:
     compete. norm_topk_prob: the chosen weights are renormalized; routed_scale multiplies them. router_bias /
     expert_bias: ffn_gate_inp.bias / ffn_{gate,up,down}_exps.bias. act: silu, gelu_tanh or swiglu_oai (gpt-oss's
     clamped SwiGLU). shared: an always-on expert added to the output, scaled by sigmoid(ffn_gate_inp_shexp . x)
-    with shared_gate (qwen3.5)."""
+    with shared_gate (qwen3.5). Gemma 4: router_input_norm: the router reads RMSNorm(x) (no weight) times
+    ffn_gate_inp.scale times H^-0.5; expert_scale: ffn_down_exps.scale (E,) multiplies each chosen expert's weight;
+    gate_up: the experts' gate and up rows stacked in ffn_gate_up_exps (E, 2F, H), gate first."""
     num_experts: int
     top_k: int
     width: int
@@ -92,11 +115,21 @@ class MoESpec:
     expert_bias: bool = False
     shared: GatedMLPSpec | None = None
     shared_gate: bool = False
+    router_input_norm: bool = False
+    expert_scale: bool = False
+    gate_up: bool = False
 
     def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
         H, E, F = cfg.hidden_size, self.num_experts, self.width
         out = {"ffn_gate_inp.weight": (E, H), "ffn_gate_exps.weight": (E, F, H), "ffn_up_exps.weight": (E, F, H),
                "ffn_down_exps.weight": (E, H, F)}
+        if self.gate_up:
+            del out["ffn_gate_exps.weight"], out["ffn_up_exps.weight"]
+            out["ffn_gate_up_exps.weight"] = (E, 2 * F, H)
+        if self.router_input_norm:
+            out["ffn_gate_inp.scale"] = (H,)
+        if self.expert_scale:
+            out["ffn_down_exps.scale"] = (E,)
         if self.router_bias:
             out["ffn_gate_inp.bias"] = (E,)
         if self.selection_bias:
@@ -111,6 +144,46 @@ class MoESpec:
 
 
 @dataclass(frozen=True)
+class ParallelFFNSpec:
+    """A dense gated MLP and a MoE side by side over the same residual input x (Gemma 4):
+    mlp_post(mlp(mlp_pre(x))) + moe_post(moe(moe_pre(x))), the MoE's router reading x itself. norms: the four RMSNorm
+    tensors (mlp_pre, mlp_post, moe_pre, moe_post)."""
+    mlp: GatedMLPSpec
+    moe: MoESpec
+    norms: tuple[str, str, str, str] = ("ffn_norm", "post_ffw_norm_1", "pre_ffw_norm_2", "post_ffw_norm_2")
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        out = {n + ".weight": (cfg.hidden_size,) for n in self.norms}
+        return {**out, **self.mlp.tensors(cfg), **self.moe.tensors(cfg)}
+
+
+@dataclass(frozen=True)
+class PerLayerInputSpec:
+    """x -> proj(act(inp_gate(x)) * e): e is this layer's share (width P) of the per-layer embeddings, computed once
+    per token before the layers (PerLayerEmbeddingSpec); inp_gate (P, H), proj (H, P). Gemma 4's PLE."""
+    width: int
+    layer: int
+    act: str = "gelu_tanh"
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        H, P = cfg.hidden_size, self.width
+        return {"inp_gate.weight": (P, H), "proj.weight": (H, P)}
+
+
+@dataclass(frozen=True)
+class PerLayerEmbeddingSpec:
+    """Per-layer embeddings of every token, before the layers (Gemma 4): (RMSNorm(per_layer_model_proj(x) H^-0.5,
+    per_layer_proj_norm) + per_layer_token_embd[ids] sqrt(P)) 2^-0.5, (T, layers, P); x the scaled token embedding."""
+    width: int
+    num_layers: int
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        H, LP = cfg.hidden_size, self.width * self.num_layers
+        return {"per_layer_token_embd.weight": (cfg.vocab_size, LP), "per_layer_model_proj.weight": (LP, H),
+                "per_layer_proj_norm.weight": (self.width,)}
+
+
+@dataclass(frozen=True)
 class Residual:
     """x = x + post(part(pre(x))); pre and post are RMSNorm weight tensors (None: no norm)."""
     part: object
@@ -120,7 +193,10 @@ class Residual:
 
 @dataclass(frozen=True)
 class BlockSpec:
+    """The residual steps in order; out_scale: a (1,) tensor multiplying the block's output (Gemma 4's layer scalar),
+    used where the file has it."""
     steps: tuple[Residual, ...]
+    out_scale: str | None = None
 
     def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
         """Every tensor of the layer (names relative to blk.{i}.) and its shape (numpy order)."""
@@ -130,7 +206,16 @@ class BlockSpec:
                 if norm:
                     out[norm + ".weight"] = (cfg.hidden_size,)
             out.update(st.part.tensors(cfg))
+        if self.out_scale:
+            out[self.out_scale] = (1,)
         return out
+
+    def kv(self, cfg) -> LayerKV:
+        """The layer's paged cache: its attention part's."""
+        for st in self.steps:
+            if hasattr(st.part, "kv"):
+                return st.part.kv(cfg)
+        raise ValueError("a block without an attention part has no paged cache")
 
 
 def prenorm_block(mixer, ffn) -> BlockSpec:

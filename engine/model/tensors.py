@@ -12,6 +12,7 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not cfg.tie_word_embeddings:
         out["output.weight"] = (V, H)
     arch = architecture(cfg.arch)
+    out.update(arch.model_tensors(cfg))  # model-level tensors of the architecture (per-layer embeddings, ...)
     for i in range(cfg.num_layers):
         for name, shape in arch.block(cfg, i).tensors(cfg).items():
             out[f"blk.{i}.{name}"] = shape

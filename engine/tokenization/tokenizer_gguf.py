@@ -11,6 +11,11 @@ llama.cpp's on the reference prompts, without transformers' ~20 s:
   merge order (the position in the file does), and spaces become "▁" in a normalizer, with no prefix space.
 - tokenizer.ggml.model == "gpt2" (byte-level BPE): the file's merges, split by the regex of
   tokenizer.ggml.pre (Llama 3, Qwen 2, ...), then mapped to the byte alphabet.
+- tokenizer.ggml.model == "gemma4" (llama.cpp's LLAMA_VOCAB_PRE_TYPE_GEMMA4, read in its llama-vocab.cpp): the file's
+  merges over raw UTF-8 characters (no byte alphabet), spaces escaped to "▁" first, the text split only into runs
+  of newlines and runs of the rest, a run of newlines that is a token taken whole, characters without a token as
+  <0xXX> byte tokens. Newline-run tokens become added tokens here (matched whole, longest first): runs longer
+  than the longest such token split greedily where llama.cpp would merge them by rank.
 - CONTROL tokens (type 3) become special added tokens (matched whole in text, skipped by
   decode(skip_special_tokens=True)); USER_DEFINED tokens (type 4) become plain added tokens (matched whole,
   kept on decode).
@@ -34,7 +39,7 @@ from cpu_kernels import envs
 from engine.errors import ModelLoadError
 
 # Bump when the built tokenizer.json changes, so that stale cache files are not read.
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 
 # llama.cpp's token types (gguf.TokenType)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -150,8 +155,10 @@ def build_tokenizer_json(metadata: Mapping[str, Any]) -> str:
         tok, vocab_tokens, merges, alphabet = _sentencepiece(metadata, tokens, arch)
     elif model == "gpt2":
         tok, vocab_tokens, merges, alphabet = _byte_level(metadata, tokens)
+    elif model == "gemma4":
+        tok, vocab_tokens, merges, alphabet = _gemma4(metadata, tokens)
     else:
-        raise ModelLoadError(f"tokenizer.ggml.model {model!r} is not supported (supported: llama, gpt2)")
+        raise ModelLoadError(f"tokenizer.ggml.model {model!r} is not supported (supported: llama, gpt2, gemma4)")
 
     vocab = {t: i for i, t in enumerate(vocab_tokens)}
     special_ids = {i for i, ty in enumerate(types) if ty == CONTROL}
@@ -166,6 +173,8 @@ def build_tokenizer_json(metadata: Mapping[str, Any]) -> str:
             if alphabet is None or set(t) <= alphabet:
                 added.append(_added(i, vocab_tokens[i], special=True))
         elif ty == USER_DEFINED and t in vocab:  # whitespace runs respelled for Gemma drop out here
+            added.append(_added(i, t, special=False))
+        elif model == "gemma4" and t and not t.strip("\n"):  # a newline run that is a token stays whole
             added.append(_added(i, t, special=False))
 
     _set_post_processor(tok, metadata, tokens)
@@ -266,6 +275,22 @@ def _byte_level(metadata, tokens):
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     return tok, tokens, merges, alphabet
+
+
+def _gemma4(metadata, tokens):
+    raw = metadata.get("tokenizer.ggml.merges")
+    if raw is None:
+        raise ModelLoadError("gemma4 GGUF tokenizer without tokenizer.ggml.merges")
+    merges = []
+    for m in raw:  # llama.cpp splits each merge at its first space after the first character
+        pos = m.find(" ", 1)
+        merges.append((m[:pos], m[pos + 1:]) if pos >= 0 else ("", ""))
+    tok = Tokenizer(BPE(vocab={}, merges=[], dropout=None, fuse_unk=False, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("\n+"), behavior="isolated")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    vocab = set(tokens)  # a merge must lead from tokens to a token (the tokenizers library refuses others)
+    return tok, tokens, [(a, b) for a, b in merges if a in vocab and b in vocab and a + b in vocab], None
 
 
 def _set_post_processor(tok: Tokenizer, metadata, tokens) -> None:

@@ -32,11 +32,32 @@ def tiny_config(arch: str):
                                           n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
                                           routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True,
                                           attention_bias=True)
+    if arch == "gemma4":  # per-layer embeddings, the last two layers reading earlier K/V (a double-wide MLP there),
+        # full layers with their own head_dim and one kv head, V = raw k projection, proportional RoPE
+        return transformers.Gemma4TextConfig(**GEMMA4, hidden_size_per_layer_input=32, vocab_size_per_layer_input=256,
+                                             num_kv_shared_layers=2, use_double_wide_mlp=True)
+    if arch == "gemma4-moe":  # 26B-A4B's block: a dense MLP beside a GELU MoE with its own router norm and scales
+        return transformers.Gemma4TextConfig(**dict(GEMMA4, num_hidden_layers=4, layer_types=GEMMA4_TYPES[2:]),
+                                             hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=8,
+                                             top_k_experts=2, moe_intermediate_size=128)
     raise KeyError(arch)
 
 
-ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe"]
-MOE_ARCHES = {"qwen3moe", "glm4moe"}  # their routers' top-k can flip near ties under quantization
+# Sliding, sliding, sliding, full | sliding, full: the KV-shared layers 4 and 5 read layers 2 and 3 (llama.cpp takes
+# the producers as the boundary - 2 and - 1, the same here).
+GEMMA4_TYPES = ["sliding_attention"] * 3 + ["full_attention", "sliding_attention", "full_attention"]
+GEMMA4 = dict(COMMON, num_hidden_layers=6, head_dim=32, global_head_dim=64, num_global_key_value_heads=1,
+              attention_k_eq_v=True, sliding_window=5, layer_types=GEMMA4_TYPES, final_logit_softcapping=30.0,
+              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                               "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                  "rope_theta": 1000000.0}})
+ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "gemma4", "gemma4-moe"]
+MOE_ARCHES = {"qwen3moe", "glm4moe", "gemma4-moe"}  # their routers' top-k can flip near ties under quantization
+
+
+def arch_of(name: str) -> str:
+    """The GGUF architecture of a tiny model's name (gemma4-moe: a second gemma4 configuration)."""
+    return name.split("-")[0]
 
 
 def tiny_model(arch: str, seed: int = 0):
@@ -47,7 +68,7 @@ def tiny_model(arch: str, seed: int = 0):
     # Random init is tiny (std 0.02): scale norms and weights up so that logits spread and errors show.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith("router.scale"):
                 p.normal_(0.0 if arch == "gemma3" else 1.0, 0.1)
             elif p.ndim >= 2:
                 p.normal_(0.0, 0.08)
@@ -56,6 +77,8 @@ def tiny_model(arch: str, seed: int = 0):
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # a buffer: random too, so that it moves the choice
                 b.normal_(0.0, 0.05)
+            if name.endswith("layer_scalar"):  # a buffer in the checkpoint: not 1, so that a missing scale shows
+                b.uniform_(0.5, 1.5)
     return model.eval()
 
 

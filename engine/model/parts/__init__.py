@@ -4,9 +4,12 @@ from __future__ import annotations
 from engine.model.parts.attention import Attention
 from engine.model.parts.mlp import GatedMLP
 from engine.model.parts.moe import MoE
-from engine.model.spec import AttentionSpec, GatedMLPSpec, MoESpec
+from engine.model.parts.parallel_ffn import ParallelFFN
+from engine.model.parts.per_layer import PerLayerInput
+from engine.model.spec import AttentionSpec, GatedMLPSpec, MoESpec, ParallelFFNSpec, PerLayerInputSpec
 
-PART_CLASSES = {AttentionSpec: Attention, GatedMLPSpec: GatedMLP, MoESpec: MoE}
+PART_CLASSES = {AttentionSpec: Attention, GatedMLPSpec: GatedMLP, MoESpec: MoE, ParallelFFNSpec: ParallelFFN,
+                PerLayerInputSpec: PerLayerInput}
 
 
 def build_part(spec, ws, cfg, prefix: str, batch_invariant: bool, shared: dict):

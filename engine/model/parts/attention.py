@@ -1,11 +1,13 @@
 """Self-attention over the paged KV cache (spec.AttentionSpec): q/k/v projections (stacked where they can be),
-optional QK-norm and bias, RoPE, a sliding window, a softcap."""
+optional QK-norm and bias, RoPE, a sliding window, a softcap; Gemma 4's V norm, V taken from the k projection
+(k_eq_v), and layers that compute q only and attend over an earlier layer's cache (kv_from: the decoder hands them
+that layer's K/V)."""
 from __future__ import annotations
 
 import numpy as np
 
 from cpu_kernels import attention, attention_sdpa, rope
-from cpu_kernels.attn_inputs import attn_inputs
+from cpu_kernels.attn_inputs import attn_inputs, q_inputs
 from cpu_kernels.quant.threads import serial_if, serial_work
 from engine.model.parts.base import Part, packed_linears
 from engine.model.parts.linear import Linear, Projections, has, vector
@@ -16,23 +18,29 @@ from engine.model.spec import AttentionSpec, RopeSpec
 class Attention(Part):
     def __init__(self, spec: AttentionSpec, ws, cfg, prefix: str, batch_invariant: bool, shared: dict):
         bi = batch_invariant
-        self.names = {k: prefix + t + ".weight" for k, t in
-                      (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_output"))}
-        for k in ("q", "k", "v"):
+        self.shared_kv = spec.kv_from >= 0  # q only: K/V are the earlier layer's (the decoder passes its cache)
+        own = ("q",) if self.shared_kv else (("q", "k") if spec.k_eq_v else ("q", "k", "v"))
+        self.names = {k: prefix + f"attn_{k}.weight" for k in own}
+        self.names["o"] = prefix + "attn_output.weight"
+        for k in own:
             bias = prefix + f"attn_{k}.bias" if spec.qkv_bias else None
             setattr(self, k, Linear(ws, self.names[k], bias, bi))
         self.o = Linear(ws, self.names["o"], None, bi)
         self.q_norm = RMSNorm(ws, prefix + "attn_q_norm.weight", cfg.rms_norm_eps) if spec.qk_norm else None
-        self.k_norm = RMSNorm(ws, prefix + "attn_k_norm.weight", cfg.rms_norm_eps) if spec.qk_norm else None
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.k_norm = RMSNorm(ws, prefix + "attn_k_norm.weight", cfg.rms_norm_eps) \
+            if spec.qk_norm and not self.shared_kv else None
+        D, nkv = spec.dims(cfg)
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, nkv, D
+        # V's norm has no weight: a weight of 1 multiplies exactly
+        self.v_norm = (np.ones(D, np.float32), float(cfg.rms_norm_eps)) if spec.v_norm else None
         self.batch_invariant = batch_invariant
-        self.scale = spec.scale or cfg.head_dim ** -0.5
+        self.scale = spec.scale or D ** -0.5
         self.sliding_window, self.softcap, self.neox = spec.sliding_window, spec.softcap, spec.rope.neox
-        key = ("rope", spec.rope)
+        key = ("rope", spec.rope, D)
         if key not in shared:  # layers with the same RoPE share one table (and one cos/sin per step)
-            shared[key] = rope_tables(spec.rope.dim or cfg.head_dim, spec.rope, ws)
+            shared[key] = rope_tables(spec.rope.dim or D, spec.rope, ws)
         self.inv_freq, self.mscale = shared[key]
-        self.qkv = Projections(self, ("q", "k", "v"))
+        self.qkv = Projections(self, own)
 
     def rope_table(self, meta) -> tuple[np.ndarray, np.ndarray]:
         """cos/sin of the step's positions: computed by the first layer with this RoPE, shared by the rest."""
@@ -44,13 +52,20 @@ class Attention(Part):
 
     def __call__(self, x: np.ndarray, meta, kv) -> np.ndarray:
         t, rows = x.shape[0], meta.rows
-        qc, kc, vc = self.qkv.columns(x, rows)
+        cols = self.qkv.columns(x, rows)
+        qc = cols[0]
         k_cache, v_cache = kv
-        qk = (None, None) if self.q_norm is None else (norm_args(self.q_norm), norm_args(self.k_norm))
+        q_norm = None if self.q_norm is None else norm_args(self.q_norm)
         with small_on_one_thread(qc[0]):
             cos, sin = self.rope_table(meta)
-            q = attn_inputs(qc, kc, vc, self.num_heads, *qk, cos, sin, self.neox, k_cache, v_cache,
-                            meta.slot_mapping)
+            if self.shared_kv:  # the earlier layer wrote this step's K/V already
+                q = q_inputs(qc, self.num_heads, self.head_dim, q_norm, cos, sin, self.neox)
+            else:
+                kc = cols[1]
+                vc = cols[2] if len(cols) > 2 else kc  # k_eq_v: V is the raw k projection
+                k_norm = None if self.k_norm is None else norm_args(self.k_norm)
+                q = attn_inputs(qc, kc, vc, self.num_heads, q_norm, k_norm, cos, sin, self.neox, k_cache, v_cache,
+                                meta.slot_mapping, self.v_norm)
         # Work ~ query rows x context x heads x head_dim (a decode over a short context is tiny).
         work = t * meta.max_seq_len * self.num_heads * self.head_dim
         long_seqs = None if self.batch_invariant or rows is None else rows.bf16_attention(x)
@@ -65,31 +80,45 @@ class Attention(Part):
         return self.o(out.reshape(t, self.num_heads * self.head_dim), rows)
 
     def fused(self):
-        from cpu_kernels.decode_block import FusedAttention
+        from cpu_kernels.decode_block import FusedAttention, FusedQAttention
         from cpu_kernels.quant.packed import packed
         where = self.qkv.where()
         if where is None:
             return None
-        (gq, q0), (gk, k0), (gv, v0) = where
         groups = [lin for lin, _ in self.qkv.groups]
+        qn = norm_args(self.q_norm)
+        f = (float(self.scale), float(self.softcap or 0.0))
+        if self.shared_kv:
+            (gq, q0), = where
+            lins = (groups[gq], self.o)
+            if not packed_linears(lins):
+                return None
+            return FusedQAttention(
+                tuple(packed(lin.weight) for lin in lins), tuple(int(lin.weight.N) for lin in lins),
+                tuple(int(lin.weight.nbytes) for lin in lins),
+                tuple(lin.bias if lin.bias is not None else NO_NORM for lin in lins),
+                (q0, int(self.num_heads), int(self.head_dim), int(bool(self.neox))), np.ascontiguousarray(qn[0]),
+                (qn[1], *f), int(self.sliding_window or 0))
+        (gq, q0), (gk, k0) = where[:2]
+        gv, v0 = where[2] if len(where) > 2 else (gk, k0)  # k_eq_v: V is read from k's columns
         lins = (groups[gq], groups[gk], groups[gv], self.o)
         if not packed_linears(lins):
             return None
         k_src = 1 if gk == gq else 0
         v_src = 1 if gv == gq else (2 if gv == gk else 0)
-        qn, kn = norm_args(self.q_norm), norm_args(self.k_norm)
+        kn, vn = norm_args(self.k_norm), self.v_norm or (NO_NORM, 0.0)
         return FusedAttention(
             tuple(packed(lin.weight) for lin in lins), tuple(int(lin.weight.N) for lin in lins),
             tuple(int(lin.weight.nbytes) for lin in lins),
             tuple(lin.bias if lin.bias is not None else NO_NORM for lin in lins),
             (k_src, v_src, q0, k0, v0, int(self.num_heads), int(bool(self.neox))),
-            (np.ascontiguousarray(qn[0]), np.ascontiguousarray(kn[0])),
-            (qn[1], kn[1], float(self.scale), float(self.softcap or 0.0)), int(self.sliding_window or 0))
+            (np.ascontiguousarray(qn[0]), np.ascontiguousarray(kn[0]), np.ascontiguousarray(vn[0])),
+            (qn[1], kn[1], *f, vn[1]), int(self.sliding_window or 0))
 
     def to_device(self, conv, lp, kv_cache):
         from gpu_kernels.modules import DeviceAttention
         leaves = {k: conv.leaf(getattr(self, k), name, lp) for k, name in self.names.items()}
-        return DeviceAttention(self, leaves["q"], leaves["k"], leaves["v"], leaves["o"], conv.norm(self.q_norm),
+        return DeviceAttention(self, leaves["q"], leaves.get("k"), leaves.get("v"), leaves["o"], conv.norm(self.q_norm),
                                conv.norm(self.k_norm), conv.ctx, kv_cache=kv_cache, kv_on_host=lp.kv_device == "cpu")
 
 
@@ -99,4 +128,7 @@ def rope_tables(rotary_dim: int, spec: RopeSpec, ws=None) -> tuple[np.ndarray, f
     inv_freq, mscale = rope.rope_inv_freq(rotary_dim, spec.theta, spec.scaling)
     if spec.freqs_tensor and ws is not None and has(ws, "rope_freqs.weight"):
         inv_freq = (inv_freq / vector(ws, "rope_freqs.weight")).astype(np.float32)
+    if spec.pairs:  # proportional RoPE: the other frequencies are 0 (cos 1, sin 0: those pairs pass unchanged)
+        inv_freq = np.array(inv_freq, np.float32)
+        inv_freq[spec.pairs:] = 0.0
     return np.ascontiguousarray(inv_freq, dtype=np.float32), mscale

@@ -1,11 +1,13 @@
 """Mixture of experts (spec.MoESpec): a router picks top-k gated experts per token; their outputs are added in
 expert order, weighted by the router, plus an optional (gated) shared expert. Routing and adding are
-cpu_kernels/moe.py's, shared with the fused step, so both paths give the same bits."""
+cpu_kernels/moe.py's, shared with the fused step, so both paths give the same bits. Gemma 4: the router may read a
+normed, scaled input of its own (router_input), the chosen weights a per-expert scale, and each expert's gate and up
+rows may be one stacked matrix (gate_up)."""
 from __future__ import annotations
 
 import numpy as np
 
-from cpu_kernels.moe import SCORINGS, add_shared, expert_rows
+from cpu_kernels.moe import SCORINGS, add_shared, expert_rows, router_input, scale_chosen
 from cpu_kernels.quant.linear import stacked_experts
 from engine.model.parts import mlp
 from engine.model.parts.base import Part, packed_linears
@@ -14,6 +16,7 @@ from engine.model.parts.norm import NO_NORM
 from engine.model.spec import MoESpec
 
 PROJECTIONS = ("gate", "up", "down")
+GATE_UP = ("gate_up", "down")  # spec.gate_up: ffn_gate_up_exps holds each expert's gate rows, then its up rows
 _NO_BIAS = np.zeros((0, 0), np.float32)
 
 
@@ -25,11 +28,16 @@ class MoE(Part):
             raise ValueError(f"MoE groups: {spec.num_experts} experts in {spec.n_group} groups, {spec.topk_group} kept")
         self.spec = spec
         self.names = {"router": prefix + "ffn_gate_inp.weight"}
-        self.expert_names = {k: prefix + f"ffn_{k}_exps.weight" for k in PROJECTIONS}
+        self.gate_up = spec.gate_up  # (gate_up, down) per expert instead of (gate, up, down)
+        self.expert_names = {k: prefix + f"ffn_{k}_exps.weight" for k in (GATE_UP if spec.gate_up else PROJECTIONS)}
         router_bias = prefix + "ffn_gate_inp.bias" if spec.router_bias else None
         self.router = Linear(ws, self.names["router"], router_bias, batch_invariant)
         self.selection_bias = vector(ws, prefix + "exp_probs_b.bias") if spec.selection_bias else NO_NORM
         self.top_k, self.norm_topk_prob, self.act = spec.top_k, spec.norm_topk_prob, spec.act
+        # writable copies: one kernel signature whether the file's pages or a converted array hold them
+        self.router_scale = np.array(vector(ws, prefix + "ffn_gate_inp.scale")) if spec.router_input_norm else NO_NORM
+        self.router_eps, self.router_root = float(cfg.rms_norm_eps), float(cfg.hidden_size ** -0.5)
+        self.expert_scale = np.array(vector(ws, prefix + "ffn_down_exps.scale")) if spec.expert_scale else NO_NORM
         self.stacked, per_proj, self.biases = [], [], []
         for k, name in self.expert_names.items():
             info = ws.info(name)
@@ -56,22 +64,34 @@ class MoE(Part):
 
     def _route(self, logits: np.ndarray):
         s = self.spec
-        return expert_rows(logits, self.selection_bias, s.top_k, SCORINGS[s.scoring], s.n_group, s.topk_group,
-                           s.norm_topk_prob, float(s.routed_scale))
+        ids, weights = expert_rows(logits, self.selection_bias, s.top_k, SCORINGS[s.scoring], s.n_group, s.topk_group,
+                                   s.norm_topk_prob, float(s.routed_scale))
+        scale_chosen(ids, weights, self.expert_scale)
+        return ids, weights
 
-    def __call__(self, x: np.ndarray, meta=None, kv=None) -> np.ndarray:
+    def __call__(self, x: np.ndarray, meta=None, kv=None, router_x: np.ndarray | None = None) -> np.ndarray:
+        """router_x: what the router reads instead of x (Gemma 4 routes on the block's un-normed residual)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         rows = meta.rows if meta is not None else None
-        ids, weights = self._route(self.router(x, rows))
+        rin = x if router_x is None else np.ascontiguousarray(router_x, dtype=np.float32)
+        if self.router_scale.size:
+            rin = router_input(rin, self.router_scale, self.router_eps, self.router_root)
+        ids, weights = self._route(self.router(rin, rows))
         kernel = mlp.ACTIVATIONS[self.act][0]
         dense = rows.dense_dtype if rows is not None else "auto"  # each expert's rows: the formats' prefill kernels
         out = np.zeros_like(x)
         for e in np.unique(ids):
             r, slot = np.nonzero(ids == e)
-            gate, up, down = self.experts[e]
             xe = np.ascontiguousarray(x[r])
-            g, u = gate(xe, dense_dtype=dense), up(xe, dense_dtype=dense)
-            y = down(kernel(g, 0, u, 0, g.shape[1]), dense_dtype=dense)
+            if self.gate_up:  # one matmul over gate|up; the activation reads its halves in place
+                gu, down = self.experts[e]
+                y = gu(xe, dense_dtype=dense)
+                F = y.shape[1] // 2
+                y = down(kernel(y, 0, y, F, F), dense_dtype=dense)
+            else:
+                gate, up, down = self.experts[e]
+                g, u = gate(xe, dense_dtype=dense), up(xe, dense_dtype=dense)
+                y = down(kernel(g, 0, u, 0, g.shape[1]), dense_dtype=dense)
             out[r] += weights[r, slot][:, None] * y  # rows take their experts in ascending order
         if self.shared is not None:
             add_shared(out, self.shared(x, meta), self.shared_gate, x)
@@ -88,28 +108,40 @@ class MoE(Part):
             if shared is None:
                 return None
         s, one = self.spec, self.experts[0]
-        E, F, H = len(self.experts), one[0].out_features, one[2].out_features
+        experts, biases = tuple(PACKED[t](*arrays) for t, arrays in self.stacked), tuple(self.biases)
+        E, H = len(self.experts), one[-1].out_features
+        if self.gate_up:  # the step's (gate, up, down) slots: gate|up twice (one GEMV), then down
+            one, experts, biases = (one[0], one[0], one[1]), (experts[0], experts[0], experts[1]), (
+                _NO_BIAS, _NO_BIAS, biases[1])
+        F = one[0].out_features // (2 if self.gate_up else 1)
         router_bias = self.router.bias if self.router.bias is not None else NO_NORM
         return FusedMoE(
-            packed(self.router.weight), tuple(PACKED[t](*arrays) for t, arrays in self.stacked), tuple(self.biases),
+            packed(self.router.weight), experts, biases,
             (E, F, H), (int(self.router.weight.nbytes), *(int(lin.weight.nbytes) for lin in one)),
             (int(s.top_k), int(bool(s.norm_topk_prob)), mlp.ACTIVATIONS[self.act][1], SCORINGS[s.scoring],
-             int(s.n_group), int(s.topk_group)),
-            (float(s.routed_scale),), router_bias, self.selection_bias, shared, self.shared_gate)
+             int(s.n_group), int(s.topk_group), int(self.gate_up)),
+            (float(s.routed_scale),), router_bias, self.selection_bias, shared, self.shared_gate,
+            (self.router_scale, self.router_eps, self.router_root), self.expert_scale)
+
+    def experts_on_device(self, conv, lp) -> bool:
+        """The plan puts this layer's routed experts on the device (not kept in RAM by an override)."""
+        return conv.tensor_device(lp, next(iter(self.expert_names.values()))) != "cpu"
 
     def to_device(self, conv, lp, kv_cache=None):
         from gpu_kernels.modules import DeviceMoE, HostModule
-        if conv.tensor_device(lp, self.expert_names["gate"]) == "cpu":
+        if not self.experts_on_device(conv, lp):
             return HostModule(self, conv.ctx)  # experts (and their router) stay in RAM
         router = conv.linear(self.router, self.names["router"], lp, fmt="float32", streamed=False)
-        experts = conv.stacked_experts([self.expert_names[k] for k in PROJECTIONS],
-                                       [[e[j].weight for e in self.experts] for j in range(3)], lp)
+        names = list(self.expert_names.values())
+        experts = conv.stacked_experts(names, [[e[j].weight for e in self.experts] for j in range(len(names))], lp)
         shared = self.shared.to_device(conv, lp) if self.shared is not None else None
         s = self.spec
         return DeviceMoE(router, experts, s.top_k, s.norm_topk_prob, self.act, scoring=s.scoring,
                          selection_bias=self.selection_bias, n_group=s.n_group, topk_group=s.topk_group,
                          routed_scale=s.routed_scale, expert_biases=self.biases if s.expert_bias else None,
-                         shared=shared, shared_gate=self.shared_gate)
+                         shared=shared, shared_gate=self.shared_gate,
+                         router_in=(self.router_scale, self.router_eps, self.router_root) if self.router_scale.size
+                         else None, expert_scale=self.expert_scale if self.expert_scale.size else None)
 
     def override_patches(self, conv, lp):
         """The router and the shared expert's matrices, one by one (the routed experts move as a whole)."""
@@ -117,7 +149,7 @@ class MoE(Part):
 
     def override_whole(self, conv, lp):
         """exps=GPU inside a CPU layer: the whole MoE (router and experts) runs on the device."""
-        if conv.tensor_device(lp, self.expert_names["gate"]) == "cpu":
+        if not self.experts_on_device(conv, lp):
             return None
         return self.to_device(conv, conv.as_device(lp), None)
 
