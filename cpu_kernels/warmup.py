@@ -41,6 +41,7 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
         activations.silu_mul(gate, gate)
         activations.gelu_tanh_mul(gate, gate)
         activations.softcap(gate.copy(), 30.0)
+        activations._swiglu_oai(gate, 0, gate, 0, gate.shape[1])  # gpt-oss's experts call the kernel itself
 
     hq, hkv, d, bs = 4, 2, 8, 4
     k = np.ones((3, hkv, d), f32)

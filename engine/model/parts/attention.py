@@ -23,7 +23,8 @@ class Attention(Part):
             bias = prefix + f"attn_{k}.bias" if spec.qkv_bias else None
             setattr(self, k, Linear(ws, self.names[k], bias, bi))
         self.o = Linear(ws, self.names["o"], prefix + "attn_output.bias" if spec.o_bias else None, bi)
-        self.sinks = vector(ws, prefix + "attn_sinks.weight") if spec.sinks else None  # f32 (Hq,)
+        # f32 (Hq,), a writable copy: a read-only view of the file would be another kernel signature
+        self.sinks = np.array(vector(ws, prefix + "attn_sinks.weight"), np.float32) if spec.sinks else None
         if self.sinks is not None and self.sinks.shape != (cfg.num_heads,):
             raise ValueError(f"{prefix}attn_sinks.weight: {self.sinks.shape} is not one logit per head ({cfg.num_heads})")
         self.q_norm = RMSNorm(ws, prefix + "attn_q_norm.weight", cfg.rms_norm_eps) if spec.qk_norm else None
