@@ -1,6 +1,7 @@
 """Write a valid GGUF with random weights of a real model's shape, loadable by ramlm and llama.cpp.
 
     python -m bench.make_synthetic --shape llama-8b --quant q4_k_m --out /tmp/llama8b.gguf
+    python -m bench.make_synthetic --shape gpt-oss-20b --quant mxfp4 --out /tmp/gpt-oss-20b.gguf
 
 Quantized tensors are written as random blocks (random quants, small finite fp16 scales) rather than
 by quantizing random floats: a 4.6 GiB file then takes seconds, not an hour. The vocabulary is a
@@ -15,7 +16,7 @@ import time
 import gguf
 import numpy as np
 
-from engine.model.config import ModelConfig
+from engine.model.config import ModelConfig, RopeScaling
 
 Q = gguf.GGMLQuantizationType
 
@@ -31,6 +32,14 @@ SHAPES = {
                               num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128, rope_theta=1e6,
                               rms_norm_eps=1e-6, max_position_embeddings=32768, num_experts=128,
                               num_experts_per_tok=8, moe_intermediate_size=768),
+    # gpt-oss-20b (all 24 layers; MXFP4 experts ~10 GiB, the rest Q8_0 as in the published GGUF: ~12 GiB)
+    "gpt-oss-20b": dict(arch="gpt-oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_layers=24,
+                        num_heads=64, num_kv_heads=8, head_dim=64, rope_theta=150000.0, rms_norm_eps=1e-5,
+                        max_position_embeddings=131072, num_experts=32, num_experts_per_tok=4,
+                        moe_intermediate_size=2880, norm_topk_prob=False, expert_gating="topk_softmax",
+                        layer_sliding_window=tuple(128 if i % 2 == 0 else 0 for i in range(24)),
+                        rope_scaling=RopeScaling("yarn", 32.0, 4096, truncate=False), attn_bias=True,
+                        attn_out_bias=True),
     "tiny-llama": dict(arch="llama", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
                        num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=2048),
     "tiny-moe": dict(arch="qwen3moe", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
@@ -46,8 +55,10 @@ F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0
 def quant_plan(preset: str):
     """name -> ggml type, like llama.cpp's presets (Q4_K_M keeps attn_v and ffn_down in Q6_K)."""
     def pick(name: str, shape: tuple) -> Q:
-        if len(shape) < 2 or "norm" in name or "ffn_gate_inp" in name:
+        if len(shape) < 2 or "norm" in name or "ffn_gate_inp" in name or name.endswith(".bias"):
             return Q.F32
+        if preset == "mxfp4":  # llama.cpp's MOSTLY_MXFP4_MOE: MXFP4 experts, Q8_0 elsewhere
+            return Q.MXFP4 if "_exps." in name else Q.Q8_0
         if preset == "q8_0":
             return Q.Q8_0
         if preset == "f16":
@@ -58,7 +69,7 @@ def quant_plan(preset: str):
             if name.startswith("output.") or any(k in name for k in ("attn_v", "ffn_down")):
                 return Q.Q6_K
             return Q.Q4_K
-        raise ValueError(f"unknown quant preset {preset!r}; known: q4_k_m, q8_0, q4_0, f16")
+        raise ValueError(f"unknown quant preset {preset!r}; known: q4_k_m, q8_0, q4_0, f16, mxfp4")
     return pick
 
 
@@ -74,6 +85,9 @@ def random_tensor(rng: np.random.Generator, qtype: Q, shape: tuple, std: float =
     nblocks = shape[-1] // block
     raw = rng.integers(0, 256, size=(rows * nblocks, size), dtype=np.uint8)
     # Scales: small positive fp16 so that dequantized weights have roughly the asked spread.
+    if qtype == Q.MXFP4:  # the E8M0 byte: 2^(120 - 128) times codes of mean magnitude ~5: std ~0.02
+        raw[:, 0] = 120
+        return raw.reshape(*shape[:-1], nblocks * size)
     scale = np.float16(std / (8 if block == 256 else 64))
     for off in F16_FIELDS[qtype]:
         raw[:, off:off + 2] = np.frombuffer(scale.tobytes(), dtype=np.uint8)
@@ -111,7 +125,7 @@ def write_synthetic(path: str, shape: str, quant: str, seed: int = 0, layers: in
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
-    w.add_file_type({"q4_k_m": 15, "q8_0": 7, "q4_0": 2, "f16": 1}[quant])
+    w.add_file_type({"q4_k_m": 15, "q8_0": 7, "q4_0": 2, "f16": 1, "mxfp4": 38}[quant])
     shapes = tensor_shapes(cfg)
     # Tensor infos first (sizes only), then data streamed one tensor at a time to bound memory.
     for name, shp in shapes.items():

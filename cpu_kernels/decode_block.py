@@ -28,8 +28,10 @@ ACT_SILU, ACT_GELU_TANH, ACT_SWIGLU_OAI = 0, 1, 2
 # gemvs: packed weights (quant.packed) of (q's group, k's group, v's group, o); dims, nbytes: their output widths
 # and bytes; biases: f32 per group output and o ((0,) = none); layout: (k_src, v_src, q0, k0, v0, num_heads, neox)
 # with k_src 1 = k's columns are in q's group's output, v_src 1 = in q's, 2 = in k's, 0 = v's own, and q0/k0/v0 the
-# parts' first columns; qk_w: QK-norm weights ((0,) = none); f: (q_eps, k_eps, scale, softcap); window: 0 = full.
-FusedAttention = namedtuple("FusedAttention", ("gemvs", "dims", "nbytes", "biases", "layout", "qk_w", "f", "window"))
+# parts' first columns; qk_w: QK-norm weights ((0,) = none); f: (q_eps, k_eps, scale, softcap); window: 0 = full;
+# sinks: f32 (Hq,) attention-sink logits ((0,) = none).
+FusedAttention = namedtuple("FusedAttention", ("gemvs", "dims", "nbytes", "biases", "layout", "qk_w", "f", "window",
+                                               "sinks"))
 # gemvs: (gate's group, up's group, down); layout: (up_src, gate0, up0, F, act): up_src 1 = up's columns are in
 # gate's group output; gate0/up0 the parts' first columns; F the width of each.
 FusedGatedMLP = namedtuple("FusedGatedMLP", ("gemvs", "dims", "nbytes", "layout"))
@@ -111,11 +113,11 @@ def _attention_step(a, h, ctx):
     if work < bar or nt == 1:
         set_threads(1)
         out = _paged_attention_serial(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, a.f[2],
-                                      a.window, a.f[3], np.zeros(0, np.uint8))
+                                      a.window, a.f[3], np.zeros(0, np.uint8), a.sinks)
     else:
         set_threads(nt)
         out = _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, a.f[2], a.window,
-                               a.f[3], nt, np.zeros(0, np.uint8))
+                               a.f[3], nt, np.zeros(0, np.uint8), a.sinks)
     return _gemv_bias(po, no_, bo, a.biases[3], out.reshape(T, hq * q.shape[2]), bar, nt)
 
 

@@ -41,6 +41,7 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
         activations.silu_mul(gate, gate)
         activations.gelu_tanh_mul(gate, gate)
         activations.softcap(gate.copy(), 30.0)
+        activations._swiglu_oai(gate, 0, gate, 0, gate.shape[1])  # gpt-oss's experts call the kernel itself
 
     hq, hkv, d, bs = 4, 2, 8, 4
     k = np.ones((3, hkv, d), f32)
@@ -60,8 +61,8 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
             q = np.ones((qsl[-1], hq, d), f32)
             kv = (attention._kernel_view(k_cache), attention._kernel_view(v_cache), qsl, seq_lens, block_tables)
             for scale, window, cap in ((0.5, 0, 0.0), (0.5, 2, 30.0)):  # both variants, whatever the thread count
-                attention._paged_attention(q, *kv, scale, window, cap, 2, attention._NO_BF16)
-                attention._paged_attention_serial(q, *kv, scale, window, cap, attention._NO_BF16)
+                attention._paged_attention(q, *kv, scale, window, cap, 2, attention._NO_BF16, attention.NO_SINKS)
+                attention._paged_attention_serial(q, *kv, scale, window, cap, attention._NO_BF16, attention.NO_SINKS)
 
 
 def main(argv=None) -> None:

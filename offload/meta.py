@@ -111,11 +111,14 @@ SHAPES: dict[str, dict] = {
                               num_heads=32, num_kv_heads=4, head_dim=128, vocab_size=151936,
                               max_position_embeddings=40960, num_experts=128, num_experts_per_tok=8,
                               moe_intermediate_size=768),
+    "gpt-oss-20b": dict(arch="gpt-oss", num_layers=24, hidden_size=2880, intermediate_size=2880, num_heads=64,
+                        num_kv_heads=8, head_dim=64, vocab_size=201088, max_position_embeddings=131072,
+                        num_experts=32, num_experts_per_tok=4, moe_intermediate_size=2880),
     "gemma-3-270m": dict(arch="gemma3", num_layers=18, hidden_size=640, intermediate_size=2048, num_heads=4,
                          num_kv_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
                          tie_word_embeddings=True),
 }
-QUANTS = ("q4_k_m", "q4_0", "q8_0", "q6_k", "f16", "bf16", "f32")
+QUANTS = ("q4_k_m", "q4_0", "q8_0", "q6_k", "f16", "bf16", "f32", "mxfp4")
 
 
 def _use_more_bits(i: int, n: int) -> bool:
@@ -130,6 +133,8 @@ def _qtype(quant: str, name: str, layer: int | None, n_layers: int, tied: bool) 
         if (".attn_v." in name or ".ffn_down" in name) and layer is not None and _use_more_bits(layer, n_layers):
             return Q.Q6_K
         return Q.Q4_K
+    if quant == "mxfp4":  # llama.cpp's MOSTLY_MXFP4_MOE (gpt-oss): MXFP4 experts, Q8_0 elsewhere
+        return Q.MXFP4 if "_exps." in name else Q.Q8_0
     return Q[quant.upper()]
 
 
@@ -162,8 +167,10 @@ def synthetic_meta(shape: str | dict, quant: str = "q4_k_m", name: str | None = 
     tensors = []
     for n, shp in shapes:
         layer = int(_LAYER.match(n).group(1)) if _LAYER.match(n) else None
-        small = len(shp) == 1 or "ffn_gate_inp" in n
+        small = len(shp) == 1 or "ffn_gate_inp" in n or n.endswith(".bias")  # experts' biases are (E, N)
         t = Q.F32 if small else _qtype(quant, n, layer, L, tied)
+        if shp[-1] % gguf.GGML_QUANT_SIZES[t][0]:  # rows the format cannot hold (gpt-oss's 2880 in Q4_K)
+            t = Q.Q8_0  # llama.cpp falls back to a 32-block format there
         tensors.append(TensorMeta(n, t.name, shp, _nbytes(t, shp)))
     label = name or (shape if isinstance(shape, str) else s.get("name", "synthetic")) + f"-{quant}"
     return ModelMeta(label, s["arch"], L, H, s["intermediate_size"], V, s["num_heads"], s["num_kv_heads"],

@@ -33,6 +33,12 @@ class Architecture:
         window = int(cfg.get("sliding_window") or 0)
         return (window,) * num_layers if window > 0 else ()
 
+    def hf_tensor(self, weights, hf_name: str, src, sources: dict) -> bool:
+        """Maps an HF tensor this architecture stores its own way (weights.add_tensor) and returns True, or False
+        for the generic mapping (hf.LAYER_MAP, stacked experts). sources: every HF name -> its src, for tensors
+        that come in parts (gpt-oss's MXFP4 blocks and scales)."""
+        return False
+
     def gguf_metadata(self, cfg) -> dict[str, Any]:
         """This architecture's own GGUF keys (without the `{arch}.` prefix) for a file written from cfg."""
         return {}

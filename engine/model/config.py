@@ -19,7 +19,7 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_theta_local: float = 0.0  # gemma3: base for sliding-window layers (0 = same as rope_theta)
+    rope_theta_local: float = 0.0  # gemma3, gpt-oss: base for sliding-window layers (0 = same as rope_theta)
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
@@ -43,6 +43,7 @@ class ModelConfig:
     # Attention variants
     rope_dim: int = 0                   # rotated dims of a head (partial rotary); 0 = head_dim
     attn_bias: bool = False             # q/k/v biases
+    attn_out_bias: bool = False         # o_proj bias (gpt-oss)
     qk_norm: bool = False               # per-head RMSNorm of q and k before RoPE
     # Multi-token-prediction layers after the main ones (kept in the file, not run by the decoder)
     nextn_layers: int = 0

@@ -19,7 +19,10 @@ from engine.model.registry import architecture
 
 # Token texts llama.cpp also treats as end-of-generation when they are in the vocabulary.
 _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-              "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
+              "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<|return|>", "<|call|>")
+# gpt-oss's harmony format: <|end|> closes a message (the analysis channel's too) and generation goes on; it
+# stops at <|return|> or <|call|>. llama.cpp drops <|end|> from its EOG set when all three are in the vocabulary.
+_HARMONY_STOPS = ("<|return|>", "<|call|>")
 
 
 class _Meta:
@@ -80,9 +83,14 @@ def _token_ids(gf: GGUFFile) -> tuple[int | None, tuple[int, ...]]:
     tokens = md.get("tokenizer.ggml.tokens")
     if isinstance(tokens, list):
         wanted = set(_EOG_TEXTS)
+        found: dict[str, int] = {}
         for i, t in enumerate(tokens):
-            if t in wanted and i not in eos:
-                eos.append(i)
+            if t in wanted:
+                found.setdefault(t, i)
+                if i not in eos:
+                    eos.append(i)
+        if "<|end|>" in found and all(t in found for t in _HARMONY_STOPS):
+            eos = [i for i in eos if i != found["<|end|>"]]
     return (bos if isinstance(bos, int) and not isinstance(bos, bool) else None), tuple(eos)
 
 

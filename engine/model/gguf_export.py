@@ -44,6 +44,9 @@ def write_metadata(w: gguf.GGUFWriter, cfg: ModelConfig) -> None:
         w.add_float32(f"{a}.rope.scaling.factor", rs.factor)
         if rs.original_max_position:
             w.add_uint32(f"{a}.rope.scaling.original_context_length", rs.original_max_position)
+        if rs.type == "yarn":
+            w.add_float32(f"{a}.rope.scaling.yarn_beta_fast", rs.beta_fast)
+            w.add_float32(f"{a}.rope.scaling.yarn_beta_slow", rs.beta_slow)
     windows = [x for x in cfg.layer_sliding_window if x]
     if windows:
         w.add_uint32(f"{a}.attention.sliding_window", windows[0])
@@ -56,7 +59,8 @@ def write_metadata(w: gguf.GGUFWriter, cfg: ModelConfig) -> None:
         w.add_uint32(f"{a}.expert_used_count", cfg.num_experts_per_tok)
         w.add_uint32(f"{a}.expert_feed_forward_length", cfg.moe_intermediate_size)
         w.add_bool(f"{a}.expert_weights_norm", cfg.norm_topk_prob)
-        w.add_uint32(f"{a}.expert_gating_func", {"softmax": 1, "sigmoid": 2}.get(cfg.expert_gating, 1))
+        if cfg.expert_gating in ("softmax", "sigmoid"):  # gpt-oss's topk_softmax is its architecture's own
+            w.add_uint32(f"{a}.expert_gating_func", {"softmax": 1, "sigmoid": 2}[cfg.expert_gating])
         if cfg.expert_shared_count:
             w.add_uint32(f"{a}.expert_shared_count", cfg.expert_shared_count)
         if cfg.expert_weights_scale != 1.0:
@@ -66,11 +70,17 @@ def write_metadata(w: gguf.GGUFWriter, cfg: ModelConfig) -> None:
             w.add_uint32(f"{a}.expert_group_used_count", cfg.expert_group_used_count)
         if cfg.dense_layers and cfg.dense_layers == tuple(range(len(cfg.dense_layers))):
             w.add_uint32(f"{a}.leading_dense_block_count", len(cfg.dense_layers))
+    from engine.model.registry import architecture
+    for key, value in architecture(a).gguf_metadata(cfg).items():
+        _add_kv(w, f"{a}.{key}", value)
 
 
 def write_gguf(path: str, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
-               qtype: Callable[[str, tuple], Q] | None = None, tokenizer_metadata: Mapping | None = None) -> None:
-    """tensors: GGUF name -> float array in numpy order (N, K); each is quantized to qtype(name, shape)."""
+               qtype: Callable[[str, tuple], Q] | None = None, tokenizer_metadata: Mapping | None = None,
+               quantized: Mapping[str, tuple[Q, np.ndarray]] | None = None) -> None:
+    """tensors: GGUF name -> float array in numpy order (N, K); each is quantized to qtype(name, shape).
+    quantized: GGUF name -> (type, raw uint8 (..., row bytes)) written as they are (an HF MXFP4 checkpoint's
+    experts)."""
     from cpu_kernels.quant.quantize import quantize
     qtype = qtype or (lambda name, shape: Q.F32)
     w = gguf.GGUFWriter(path, cfg.arch)
@@ -80,7 +90,11 @@ def write_gguf(path: str, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
     tensors = dict(tensors)
     if cfg.rope_scaling.type == "llama3" and "rope_freqs.weight" not in tensors:
         tensors["rope_freqs.weight"] = llama3_rope_freqs(cfg)
+    for name, (q, raw) in (quantized or {}).items():
+        w.add_tensor(name, np.ascontiguousarray(raw, dtype=np.uint8), raw_dtype=q)
     for name, t in tensors.items():
+        if quantized and name in quantized:
+            continue
         t = np.ascontiguousarray(t, dtype=np.float32)
         q = qtype(name, t.shape)
         if q == Q.F32:

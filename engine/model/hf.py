@@ -43,9 +43,9 @@ LAYER_MAP = {
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
-# Per-layer HF tensors whose names end otherwise (DeepSeek's routing bias), mapped whole.
-SPECIAL_MAP = {"mlp.gate.e_score_correction_bias": "exp_probs_b.bias"}
-_SPECIAL_RE = re.compile(r"model\.layers\.(\d+)\.(mlp\.gate\.e_score_correction_bias)$")
+# Per-layer HF tensors whose names end otherwise (DeepSeek's routing bias, gpt-oss's sinks), mapped whole.
+SPECIAL_MAP = {"mlp.gate.e_score_correction_bias": "exp_probs_b.bias", "self_attn.sinks": "attn_sinks.weight"}
+_SPECIAL_RE = re.compile(r"model\.layers\.(\d+)\.(" + "|".join(map(re.escape, SPECIAL_MAP)) + r")$")
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 _EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 _FUSED_EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj$")
@@ -84,7 +84,7 @@ def _rope(cfg: dict, default_theta: float, source: str) -> tuple[float, RopeScal
         return theta, RopeScaling(
             "yarn", factor, orig or int(cfg.get("max_position_embeddings", 0) / factor),
             beta_fast=float(sc.get("beta_fast") or 32.0), beta_slow=float(sc.get("beta_slow") or 1.0),
-            attn_factor=float(attn) / mscale if attn else 1.0)
+            attn_factor=float(attn) / mscale if attn else 1.0, truncate=bool(sc.get("truncate", True)))
     _fail(source, f"rope scaling type '{kind}' is not supported (supported: linear, llama3, yarn)")
 
 
@@ -256,6 +256,8 @@ class HFWeights(WeightSource):
         layer_map = {**LAYER_MAP, **self.arch.hf_layer_map}
         experts: dict[tuple[int, str], dict[int, tuple[_SafetensorsFile, str]]] = {}
         for hf, src in sources.items():
+            if self.arch.hf_tensor(self, hf, src, sources):  # the architecture's own layout (gpt-oss's experts)
+                continue
             if hf == "model.embed_tokens.weight":
                 self._add("token_embd.weight", c, src)
             elif hf == "model.norm.weight":
@@ -348,6 +350,30 @@ class HFWeights(WeightSource):
                 pass  # generation_config is advisory
         return replace(c, vocab_size=head.shape[0], eos_token_ids=tuple(eos),
                        name=c.name or os.path.basename(os.path.normpath(self.path)))
+
+    # -- for Architecture.hf_tensor ------------------------------------------------------------------------
+    def source_array(self, src: tuple[_SafetensorsFile, str]) -> tuple[str, np.ndarray]:
+        """(safetensors dtype, a read-only view of the tensor with its shape: F32/F16, BF16 as uint16 bits, U8)."""
+        f, key = src
+        dtype, shape, offset, nbytes = f.entries[key]
+        np_dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U8": np.uint8}.get(dtype)
+        if np_dtype is None:
+            _fail(f.path, f"tensor '{key}': dtype {dtype} is not supported (F32, F16, BF16, U8)")
+        return dtype, np.frombuffer(f.mm, np_dtype, count=nbytes // _ST_ITEMSIZE[dtype], offset=offset).reshape(shape)
+
+    def add_tensor(self, name: str, gtype: GT, shape: tuple[int, ...], load: Callable[[], np.ndarray]) -> None:
+        """A GGUF-named tensor computed by load() (GGUFFile.raw's form: typed for float types, uint8 (..., row
+        bytes) for block formats)."""
+        self._tensors[name] = (TensorInfo(name, gtype, shape, -1, tensor_nbytes(gtype, shape)), load)
+
+    def float_type(self, dtype: str, what: str) -> GT:
+        """The GGML type of a safetensors float dtype, or ModelLoadError naming `what`."""
+        if dtype not in _ST_DTYPES:
+            _fail(self.path, f"{what}: dtype {dtype} is not supported (F32, F16, BF16)")
+        return _ST_DTYPES[dtype]
+
+    def fail(self, reason: str):
+        _fail(self.path, reason)
 
     # -- WeightSource ----------------------------------------------------------------------------------
     def names(self) -> list[str]:

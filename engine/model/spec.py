@@ -25,15 +25,18 @@ class RopeSpec:
 
 @dataclass(frozen=True)
 class AttentionSpec:
-    """Self-attention over the paged KV cache: attn_q/k/v/output (+ .bias with qkv_bias), attn_q_norm/attn_k_norm
-    (per-head RMSNorm) with qk_norm, a sliding window (0 = full), a logit softcap (0 = none) and the score scale
-    (0 = head_dim ** -0.5)."""
+    """Self-attention over the paged KV cache: attn_q/k/v/output (+ .bias with qkv_bias; attn_output.bias with
+    o_bias), attn_q_norm/attn_k_norm (per-head RMSNorm) with qk_norm, a sliding window (0 = full), a logit softcap
+    (0 = none), the score scale (0 = head_dim ** -0.5) and attention sinks (attn_sinks.weight: a learned logit per
+    query head added to the softmax's denominator only, gpt-oss)."""
     rope: RopeSpec
     qkv_bias: bool = False
     qk_norm: bool = False
     sliding_window: int = 0
     softcap: float = 0.0
     scale: float = 0.0
+    o_bias: bool = False
+    sinks: bool = False
 
     def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
         H, D = cfg.hidden_size, cfg.head_dim
@@ -44,6 +47,10 @@ class AttentionSpec:
             out.update({"attn_q.bias": (hq,), "attn_k.bias": (hkv,), "attn_v.bias": (hkv,)})
         if self.qk_norm:
             out.update({"attn_q_norm.weight": (D,), "attn_k_norm.weight": (D,)})
+        if self.o_bias:
+            out["attn_output.bias"] = (H,)
+        if self.sinks:
+            out["attn_sinks.weight"] = (cfg.num_heads,)
         return out
 
 

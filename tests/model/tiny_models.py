@@ -32,11 +32,29 @@ def tiny_config(arch: str):
                                           n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
                                           routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True,
                                           attention_bias=True)
+    if arch == "gpt-oss":  # both layer types (window 4 < the prompts), sinks, every bias, unrounded YaRN
+        cfg = dict(COMMON, intermediate_size=128, max_position_embeddings=2048)
+        return transformers.GptOssConfig(**cfg, num_local_experts=8, num_experts_per_tok=2, sliding_window=4,
+                                         rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                                          "beta_slow": 1.0, "truncate": False,
+                                                          "original_max_position_embeddings": 64,
+                                                          "rope_theta": 150000.0})
     raise KeyError(arch)
 
 
-ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe"]
-MOE_ARCHES = {"qwen3moe", "glm4moe"}  # their routers' top-k can flip near ties under quantization
+ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "gpt-oss"]
+MOE_ARCHES = {"qwen3moe", "glm4moe", "gpt-oss"}  # their routers' top-k can flip near ties under quantization
+# HF parameters stored as x @ W (input dim before output dim): gpt-oss's experts (other families' fused experts
+# of the same names are (E, N, K)).
+X_AT_W = {"gpt-oss": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")}
+
+
+def gguf_rows(arch: str, name: str, p):
+    """A 2-D+ HF weight as the (..., K) rows GGUF quantizes (a view), or None for what GGUF keeps in float
+    (biases, routers, sinks, norms)."""
+    if p.ndim < 2 or "bias" in name or "router" in name or name.endswith("mlp.gate.weight"):
+        return None
+    return p.transpose(-1, -2) if name.endswith(X_AT_W.get(arch, ())) else p
 
 
 def tiny_model(arch: str, seed: int = 0):
@@ -49,6 +67,8 @@ def tiny_model(arch: str, seed: int = 0):
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.normal_(0.0 if arch == "gemma3" else 1.0, 0.1)
+            elif name.endswith("sinks"):  # per-head logits in the score range: some heads give them real weight
+                p.normal_(0.0, 1.0)
             elif p.ndim >= 2:
                 p.normal_(0.0, 0.08)
             else:

@@ -1,10 +1,11 @@
 """Self-attention over the paged KV cache (spec.AttentionSpec): q/k/v projections (stacked where they can be),
-optional QK-norm and bias, RoPE, a sliding window, a softcap."""
+optional QK-norm and biases, RoPE, a sliding window, a softcap, attention sinks."""
 from __future__ import annotations
 
 import numpy as np
 
 from cpu_kernels import attention, attention_sdpa, rope
+from cpu_kernels.attention import NO_SINKS
 from cpu_kernels.attn_inputs import attn_inputs
 from cpu_kernels.quant.threads import serial_if, serial_work
 from engine.model.parts.base import Part, packed_linears
@@ -21,7 +22,11 @@ class Attention(Part):
         for k in ("q", "k", "v"):
             bias = prefix + f"attn_{k}.bias" if spec.qkv_bias else None
             setattr(self, k, Linear(ws, self.names[k], bias, bi))
-        self.o = Linear(ws, self.names["o"], None, bi)
+        self.o = Linear(ws, self.names["o"], prefix + "attn_output.bias" if spec.o_bias else None, bi)
+        # f32 (Hq,), a writable copy: a read-only view of the file would be another kernel signature
+        self.sinks = np.array(vector(ws, prefix + "attn_sinks.weight"), np.float32) if spec.sinks else None
+        if self.sinks is not None and self.sinks.shape != (cfg.num_heads,):
+            raise ValueError(f"{prefix}attn_sinks.weight: {self.sinks.shape} is not one logit per head ({cfg.num_heads})")
         self.q_norm = RMSNorm(ws, prefix + "attn_q_norm.weight", cfg.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(ws, prefix + "attn_k_norm.weight", cfg.rms_norm_eps) if spec.qk_norm else None
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -54,14 +59,14 @@ class Attention(Part):
         # Work ~ query rows x context x heads x head_dim (a decode over a short context is tiny).
         work = t * meta.max_seq_len * self.num_heads * self.head_dim
         long_seqs = None if self.batch_invariant or rows is None else rows.bf16_attention(x)
-        if long_seqs is not None and not self.softcap and attention_sdpa.enabled():
+        if long_seqs is not None and not self.softcap and self.sinks is None and attention_sdpa.enabled():
             out = attention_sdpa.mixed_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                                  meta.block_tables, self.scale, self.sliding_window, long_seqs)
         else:
             with serial_if(work < serial_work()):
                 out = attention.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                                 meta.block_tables, self.scale, self.sliding_window, self.softcap,
-                                                long_seqs)
+                                                long_seqs, self.sinks)
         return self.o(out.reshape(t, self.num_heads * self.head_dim), rows)
 
     def fused(self):
@@ -84,7 +89,8 @@ class Attention(Part):
             tuple(lin.bias if lin.bias is not None else NO_NORM for lin in lins),
             (k_src, v_src, q0, k0, v0, int(self.num_heads), int(bool(self.neox))),
             (np.ascontiguousarray(qn[0]), np.ascontiguousarray(kn[0])),
-            (qn[1], kn[1], float(self.scale), float(self.softcap or 0.0)), int(self.sliding_window or 0))
+            (qn[1], kn[1], float(self.scale), float(self.softcap or 0.0)), int(self.sliding_window or 0),
+            self.sinks if self.sinks is not None else NO_SINKS)
 
     def to_device(self, conv, lp, kv_cache):
         from gpu_kernels.modules import DeviceAttention
