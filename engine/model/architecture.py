@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.core.kv_spec import LayerKV
 from engine.model.spec import BlockSpec
 
 
@@ -39,3 +40,7 @@ class Architecture:
 
     def block(self, cfg, layer: int) -> BlockSpec:
         raise NotImplementedError
+
+    def kv_layout(self, cfg) -> tuple[LayerKV, ...]:
+        """Each layer's paged cache, from its BlockSpec (the runner allocates it, the planner and `info` count it)."""
+        return tuple(self.block(cfg, i).kv(cfg) for i in range(cfg.num_layers))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cpu_kernels.rope import RopeScaling
+from engine.core.kv_spec import LayerKV
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,10 @@ class AttentionSpec:
         if self.qk_norm:
             out.update({"attn_q_norm.weight": (D,), "attn_k_norm.weight": (D,)})
         return out
+
+    def kv(self, cfg) -> LayerKV:
+        """Its paged cache per token: K and V of every kv head."""
+        return LayerKV(cfg.num_kv_heads, cfg.head_dim)
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,13 @@ class BlockSpec:
                     out[norm + ".weight"] = (cfg.hidden_size,)
             out.update(st.part.tensors(cfg))
         return out
+
+    def kv(self, cfg) -> LayerKV:
+        """The layer's paged cache: its attention part's."""
+        for st in self.steps:
+            if hasattr(st.part, "kv"):
+                return st.part.kv(cfg)
+        raise ValueError("a block without an attention part has no paged cache")
 
 
 def prenorm_block(mixer, ffn) -> BlockSpec:
