@@ -126,6 +126,13 @@ SHAPES: dict[str, dict] = {
                               num_heads=32, num_kv_heads=4, head_dim=128, vocab_size=151936,
                               max_position_embeddings=40960, num_experts=128, num_experts_per_tok=8,
                               moe_intermediate_size=768),
+    # DeepSeek-V3's dims with 3 of its 61 layers (one dense, two MoE): the latent cache, 256 experts
+    "deepseek-v3-3l": dict(arch="deepseek2", num_layers=3, hidden_size=7168, intermediate_size=18432, num_heads=128,
+                           num_kv_heads=1, head_dim=192, vocab_size=129280, max_position_embeddings=163840,
+                           num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, rope_dim=64,
+                           value_head_dim=128, q_lora_rank=1536, kv_lora_rank=512, expert_shared_count=1,
+                           expert_group_count=8, expert_group_used_count=4, expert_weights_scale=2.5,
+                           expert_gating="sigmoid", expert_selection_bias=True, dense_layers=(0,)),
     "gemma-3-270m": dict(arch="gemma3", num_layers=18, hidden_size=640, intermediate_size=2048, num_heads=4,
                          num_kv_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
                          tie_word_embeddings=True),
