@@ -180,3 +180,26 @@ def test_latent_cache_is_one_array_per_layer_and_counted_so(tmp_path):
     from offload.meta import synthetic_meta
     assert model_meta(model.weights).kv == LayerKV(1, 272, v_is_k=True)
     assert synthetic_meta("deepseek-v3-3l").kv == LayerKV(1, 576, v_is_k=True)
+
+
+def test_block_spec_tensors_are_the_converted_ones(tmp_path):
+    """Synthetic files and the planner's shapes come from BlockSpec.tensors: the very names and shapes an HF
+    checkpoint converts to."""
+    from engine.model.tensors import tensor_shapes
+    for arch in ("deepseek2", "deepseek2-lite"):
+        ws = open_weights(_save(tiny_model(arch), tmp_path / arch))
+        assert tensor_shapes(ws.config) == {n: tuple(ws.info(n).shape) for n in ws.names()}, arch
+
+
+def test_synthetic_deepseek_file_loads_and_decodes(tmp_path):
+    from bench.make_synthetic import write_synthetic
+    from engine.worker.runner import SeqChunk
+    path = str(tmp_path / "tiny-deepseek.gguf")
+    write_synthetic(path, "tiny-deepseek", "q4_k_m")
+    gf = open_gguf(path)
+    assert gf.tensors["blk.1.attn_k_b.weight"].ggml_type == Q.Q5_0  # 32-wide rows: llama.cpp's Q4_K fallback
+    assert gf.tensors["blk.1.attn_v_b.weight"].ggml_type == Q.Q4_K
+    model, cfg = load_model(path)
+    runner = ModelRunner(model, num_blocks=4, block_size=16)
+    out = runner.execute([SeqChunk((5, 6, 7), 0, (1,), "last")])[0]
+    assert out.shape == (1, cfg.vocab_size) and np.isfinite(out).all()
