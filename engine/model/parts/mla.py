@@ -13,7 +13,7 @@ from cpu_kernels import attention, attention_sdpa, mla
 from cpu_kernels.quant.linear import QuantLinear, stacked_experts
 from cpu_kernels.quant.threads import serial_if, serial_work
 from engine.errors import ModelLoadError
-from engine.model.parts.attention import rope_tables
+from engine.model.parts.attention import rope_tables, step_rope_table
 from engine.model.parts.base import Part, packed_linears
 from engine.model.parts.linear import Linear, Projections, has
 from engine.model.parts.norm import RMSNorm, norm_args, small_on_one_thread
@@ -56,12 +56,7 @@ class MLA(Part):
 
     def rope_table(self, meta) -> tuple[np.ndarray, np.ndarray]:
         """cos/sin of the step's positions over the rope dims, shared by the layers with this RoPE."""
-        key = ("rope", id(self.inv_freq), self.mscale)
-        table = meta.step_cache.get(key)
-        if table is None:
-            from cpu_kernels import rope
-            table = meta.step_cache[key] = rope.rope_cos_sin(meta.positions, self.inv_freq, self.mscale)
-        return table
+        return step_rope_table(meta, self.inv_freq, self.mscale)
 
     @property
     def cache_dim(self) -> int:
