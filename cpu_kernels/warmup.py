@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpu_kernels import activations, attention, mla, norms, rope
+from cpu_kernels import activations, attention, mla, moe, norms, rope
 from cpu_kernels.attn_inputs import attn_inputs
 from cpu_kernels.rope import RopeScaling
 
@@ -43,6 +43,11 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
         activations.silu_mul(gate, gate)
         activations.gelu_tanh_mul(gate, gate)
         activations.softcap(gate.copy(), 30.0)
+
+    logits = np.ones((3, 8), f32)  # MoE routing (both paths' kernels): biases made here or read from the file
+    for bias in (w, w_file):
+        moe.expert_rows(logits, bias, 2, moe.SIGMOID, 4, 2, True, 2.5)
+        moe.add_shared(logits.copy(), logits, bias, logits)
 
     hq, hkv, d, bs = 4, 2, 8, 4
     k = np.ones((3, hkv, d), f32)
