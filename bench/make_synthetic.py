@@ -16,7 +16,9 @@ import time
 import gguf
 import numpy as np
 
-from engine.model.config import ModelConfig, RopeScaling
+from cpu_kernels.rope import RopeScaling
+from engine.model.config import ModelConfig
+from offload.meta import fit_rows
 
 Q = gguf.GGMLQuantizationType
 
@@ -40,6 +42,24 @@ SHAPES = {
                         layer_sliding_window=tuple(128 if i % 2 == 0 else 0 for i in range(24)),
                         rope_scaling=RopeScaling("yarn", 32.0, 4096, truncate=False), attn_bias=True,
                         attn_out_bias=True),
+    # DeepSeek-V3's dims (MLA, 256 experts, YaRN) with 3 of its 61 layers, one dense and two MoE: about 16 GiB
+    # in Q4_K_M, so it fits a 24 GiB machine (each MoE layer is ~7.3 GB)
+    "deepseek-v3-3l": dict(arch="deepseek2", vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+                           num_layers=3, num_heads=128, num_kv_heads=1, head_dim=192, value_head_dim=128, rope_dim=64,
+                           q_lora_rank=1536, kv_lora_rank=512, rope_theta=10000.0, rms_norm_eps=1e-6,
+                           max_position_embeddings=163840,
+                           rope_scaling=RopeScaling("yarn", 40.0, 4096, attn_factor=1 / (0.1 * np.log(40.0) + 1)),
+                           rope_yarn_log_mul=0.1, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
+                           expert_shared_count=1, expert_group_count=8, expert_group_used_count=4,
+                           expert_weights_scale=2.5, norm_topk_prob=True, expert_gating="sigmoid",
+                           expert_selection_bias=True, dense_layers=(0,)),
+    "tiny-deepseek": dict(arch="deepseek2", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=3,
+                          num_heads=4, num_kv_heads=1, head_dim=48, value_head_dim=32, rope_dim=16, q_lora_rank=64,
+                          kv_lora_rank=256, rms_norm_eps=1e-6, max_position_embeddings=2048, num_experts=8,
+                          num_experts_per_tok=2, moe_intermediate_size=256, expert_shared_count=1,
+                          expert_group_count=4, expert_group_used_count=2, expert_weights_scale=2.5,
+                          norm_topk_prob=True, expert_gating="sigmoid", expert_selection_bias=True,
+                          dense_layers=(0,)),
     "tiny-llama": dict(arch="llama", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
                        num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=2048),
     "tiny-moe": dict(arch="qwen3moe", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
@@ -57,6 +77,9 @@ def quant_plan(preset: str):
     def pick(name: str, shape: tuple) -> Q:
         if len(shape) < 2 or "norm" in name or "ffn_gate_inp" in name or name.endswith(".bias"):
             return Q.F32
+        return fit_rows(_preset(name), shape)
+
+    def _preset(name: str) -> Q:
         if preset == "mxfp4":  # llama.cpp's MOSTLY_MXFP4_MOE: MXFP4 experts, Q8_0 elsewhere
             return Q.MXFP4 if "_exps." in name else Q.Q8_0
         if preset == "q8_0":
@@ -66,7 +89,7 @@ def quant_plan(preset: str):
         if preset == "q4_0":
             return Q.Q4_0
         if preset == "q4_k_m":
-            if name.startswith("output.") or any(k in name for k in ("attn_v", "ffn_down")):
+            if name.startswith("output.") or any(k in name for k in (".attn_v.", "ffn_down")):
                 return Q.Q6_K
             return Q.Q4_K
         raise ValueError(f"unknown quant preset {preset!r}; known: q4_k_m, q8_0, q4_0, f16, mxfp4")

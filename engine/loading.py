@@ -10,7 +10,7 @@ import psutil
 from engine.args import EngineArgs
 from engine.core.kv_cache import num_blocks_for_budget
 from engine.model.config import ModelConfig
-from engine.core.kv_spec import KV_RAM_FRACTION, bytes_per_block, kv_storage_dtype
+from engine.core.kv_spec import KV_RAM_FRACTION, kv_storage_dtype
 from engine.worker.runner import ModelRunner
 
 
@@ -57,7 +57,7 @@ def kv_pool_blocks(args: EngineArgs, cfg: ModelConfig, max_model_len: int, weigh
         budget = int(args.kv_cache_memory * 2**30)
     else:
         budget = int(max(psutil.virtual_memory().available - weight_bytes, 2**28) * KV_RAM_FRACTION)
-    per_block = bytes_per_block(cfg.num_layers, args.block_size, cfg.num_kv_heads, cfg.head_dim, args.kv_cache_dtype)
+    per_block = ModelRunner.kv_bytes_per_block(cfg, args.block_size, args.kv_cache_dtype)
     return num_blocks_for_budget(budget, per_block, args.block_size, max_model_len, args.max_num_seqs)
 
 

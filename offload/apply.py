@@ -87,9 +87,8 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
     wd = plan.options.get("gpu_weight_dtype", "auto")
     conv = Converter(model, ctx, default_fmt=wd if wd in DTYPES else "packed")
     originals = (list(model.blocks), model.lm_head) if keep_originals else None
-    cfg = model.config
     kv_dtype = getattr(torch, kv_storage_dtype(kv_cache_dtype))
-    kv_shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    layout = model.kv_layout  # each layer's cache (V is K for MLA: one tensor)
     patches, runner_kv, device_kv = [], {}, {}
     with torch.no_grad():
         for lp in plan.layers:
@@ -100,8 +99,9 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
                 continue
             kv = None
             if lp.kv_device != "cpu":
-                kv = (torch.zeros(kv_shape, dtype=kv_dtype, device=ctx.device),
-                      torch.zeros(kv_shape, dtype=kv_dtype, device=ctx.device))
+                shape = layout[i].block_shape(num_blocks, block_size)
+                k = torch.zeros(shape, dtype=kv_dtype, device=ctx.device)
+                kv = (k, k if layout[i].v_is_k else torch.zeros(shape, dtype=kv_dtype, device=ctx.device))
                 device_kv[i] = kv
                 if runner is not None:
                     runner_kv[i] = runner.kv_caches[i]

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 import gguf
 import numpy as np
 
+from engine.core.kv_spec import LayerKV
+
 Q = gguf.GGMLQuantizationType
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
@@ -58,6 +60,7 @@ class ModelMeta:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     tensors: tuple[TensorMeta, ...] = ()
+    kv_layer: LayerKV | None = None  # a layer's paged cache (the largest one's); None: K and V of the kv heads
 
     def layer_tensors(self, layer: int) -> list[TensorMeta]:
         return [t for t in self.tensors if t.layer == layer]
@@ -72,6 +75,10 @@ class ModelMeta:
     @property
     def is_moe(self) -> bool:
         return any(t.is_expert for t in self.tensors)
+
+    @property
+    def kv(self) -> LayerKV:
+        return self.kv_layer or LayerKV(self.num_kv_heads, self.head_dim)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -91,7 +98,15 @@ def model_meta(ws) -> ModelMeta:
     name = cfg.name or os.path.basename(os.fspath(ws.path).rstrip("/"))
     return ModelMeta(name, cfg.arch, cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size,
                      cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.max_position_embeddings, tied,
-                     cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, tuple(tensors))
+                     cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, tuple(tensors),
+                     _kv_layer(cfg))
+
+
+def _kv_layer(cfg) -> LayerKV:
+    """The planner counts every layer's cache alike: the largest layer's (the architecture's BlockSpecs say)."""
+    from engine.model.registry import architecture
+    layout = architecture(cfg.arch).kv_layout(cfg)
+    return max(layout, key=lambda k: k.bytes_per_block(1, "fp16"))
 
 
 def model_meta_from_path(path: str) -> ModelMeta:
@@ -114,6 +129,13 @@ SHAPES: dict[str, dict] = {
     "gpt-oss-20b": dict(arch="gpt-oss", num_layers=24, hidden_size=2880, intermediate_size=2880, num_heads=64,
                         num_kv_heads=8, head_dim=64, vocab_size=201088, max_position_embeddings=131072,
                         num_experts=32, num_experts_per_tok=4, moe_intermediate_size=2880),
+    # DeepSeek-V3's dims with 3 of its 61 layers (one dense, two MoE): the latent cache, 256 experts
+    "deepseek-v3-3l": dict(arch="deepseek2", num_layers=3, hidden_size=7168, intermediate_size=18432, num_heads=128,
+                           num_kv_heads=1, head_dim=192, vocab_size=129280, max_position_embeddings=163840,
+                           num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, rope_dim=64,
+                           value_head_dim=128, q_lora_rank=1536, kv_lora_rank=512, expert_shared_count=1,
+                           expert_group_count=8, expert_group_used_count=4, expert_weights_scale=2.5,
+                           expert_gating="sigmoid", expert_selection_bias=True, dense_layers=(0,)),
     "gemma-3-270m": dict(arch="gemma3", num_layers=18, hidden_size=640, intermediate_size=2048, num_heads=4,
                          num_kv_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
                          tie_word_embeddings=True),
@@ -138,14 +160,36 @@ def _qtype(quant: str, name: str, layer: int | None, n_layers: int, tied: bool) 
     return Q[quant.upper()]
 
 
+def shape_config(s: dict):
+    """The ModelConfig of a shape description (see SHAPES): its keys that are ModelConfig fields, 0 for the
+    required ones it leaves out."""
+    import dataclasses
+    from engine.model.config import ModelConfig
+    fields = {f.name: f for f in dataclasses.fields(ModelConfig)}
+    kw = {k: v for k, v in s.items() if k in fields}
+    for name, f in fields.items():
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            kw.setdefault(name, 0)
+    return ModelConfig(**kw)
+
+
+# llama.cpp's quantize: a k-quant whose rows do not fill its 256-value blocks takes this type instead
+FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.Q2_K: Q.IQ4_NL, Q.Q3_K: Q.IQ4_NL}
+
+
+def fit_rows(t: Q, shape: tuple[int, ...]) -> Q:
+    """t, or llama.cpp's replacement where shape's rows are not whole blocks of t (DeepSeek's attn_k_b rows are
+    128 wide); F16 where no block type fits."""
+    while shape[-1] % gguf.GGML_QUANT_SIZES[t][0]:
+        t = FALLBACK.get(t, Q.F16)
+    return t
+
+
 def layer_tensor_shapes(s: dict, layer: int) -> list[tuple[str, tuple[int, ...]]]:
     """GGUF names and shapes of one layer's tensors for a shape description (see SHAPES): the architecture's
     BlockSpec for that layer says what they are."""
-    from engine.model.config import ModelConfig
     from engine.model.registry import architecture
-    keys = ("arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-            "head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size")
-    cfg = ModelConfig(**{k: s.get(k, 0) for k in keys})
+    cfg = shape_config(s)
     return [(f"blk.{layer}.{n}", shape) for n, shape in architecture(cfg.arch).block(cfg, layer).tensors(cfg).items()]
 
 
@@ -168,14 +212,13 @@ def synthetic_meta(shape: str | dict, quant: str = "q4_k_m", name: str | None = 
     for n, shp in shapes:
         layer = int(_LAYER.match(n).group(1)) if _LAYER.match(n) else None
         small = len(shp) == 1 or "ffn_gate_inp" in n or n.endswith(".bias")  # experts' biases are (E, N)
-        t = Q.F32 if small else _qtype(quant, n, layer, L, tied)
-        if shp[-1] % gguf.GGML_QUANT_SIZES[t][0]:  # rows the format cannot hold (gpt-oss's 2880 in Q4_K)
-            t = Q.Q8_0  # llama.cpp falls back to a 32-block format there
+        t = Q.F32 if small else fit_rows(_qtype(quant, n, layer, L, tied), shp)
         tensors.append(TensorMeta(n, t.name, shp, _nbytes(t, shp)))
     label = name or (shape if isinstance(shape, str) else s.get("name", "synthetic")) + f"-{quant}"
     return ModelMeta(label, s["arch"], L, H, s["intermediate_size"], V, s["num_heads"], s["num_kv_heads"],
                      s["head_dim"], s["max_position_embeddings"], tied, s.get("num_experts", 0),
-                     s.get("num_experts_per_tok", 0), s.get("moe_intermediate_size", 0), tuple(tensors))
+                     s.get("num_experts_per_tok", 0), s.get("moe_intermediate_size", 0), tuple(tensors),
+                     _kv_layer(shape_config(s)))
 
 
 def _nbytes(t: Q, shape: tuple[int, ...]) -> int:

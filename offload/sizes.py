@@ -1,7 +1,8 @@
 """The size model behind the planner: what each placement of each tensor costs on each device.
 
 Bytes on a GPU: packed GGUF blocks as stored, or numel x the dtype dequantized to; norms, biases and MoE
-routers in float32. KV: 2 (K and V) x block_size x kv heads x head_dim x the KV dtype per block per layer. Work:
+routers in float32. KV: 2 (K and V; 1 where V is K, MLA's latent) x block_size x kv heads x head_dim x the KV dtype
+per block per layer (ModelMeta.kv, from the architecture's BlockSpecs). Work:
 activations of max_num_batched_tokens rows, attention scratch, dequantization tiles, staging for
 streamed layers and the logits of the rows that sample. Margin: the runtime's own (CUDA context).
 """
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import math
 
-from engine.core.kv_spec import KV_RAM_FRACTION, bytes_per_block_per_layer
+from engine.core.kv_spec import KV_RAM_FRACTION
 from offload.devices import Devices, DeviceInfo
 from offload.meta import ModelMeta, TensorMeta
 from offload.plan_types import GIB, DeviceUsage, PlanOptions, gib
@@ -81,8 +82,7 @@ class SizeModel:
         self.ram = devices.ram
         self.gpu: DeviceInfo | None = None
         self.units = [self._layer_units(i) for i in range(self.L)]
-        self.block_layer_bytes = bytes_per_block_per_layer(o.block_size, meta.num_kv_heads, meta.head_dim,
-                                                           o.kv_cache_dtype)
+        self.block_layer_bytes = meta.kv.bytes_per_block(o.block_size, o.kv_cache_dtype)
         self.ignore_rules = False
         self._layer_bytes: dict[tuple, tuple[int, int, int]] = {}
         # KV blocks (the null block included) that requests can use at once, and the least `auto` keeps room for.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.core.kv_spec import LayerKV
 from engine.model.spec import BlockSpec
 
 
@@ -28,6 +29,12 @@ class Architecture:
     def hf_config(self, cfg: dict, kw: dict[str, Any], need) -> None:
         """Reads this architecture's own config.json keys into ModelConfig fields (need(key): a required key)."""
 
+    def hf_split(self, cfg, suffix: str) -> dict | None:
+        """GGUF tensors llama.cpp's converter computes from one per-layer HF tensor (suffix: the name after
+        model.layers.{i}., e.g. self_attn.kv_b_proj.weight): {name relative to blk.{i}.: (numpy shape, function of
+        the HF array)}, or None where the tensor maps as it is."""
+        return None
+
     def hf_layer_windows(self, cfg: dict, num_layers: int) -> tuple[int, ...]:
         """Per layer sliding window from config.json when it has no layer_types (0 = full attention)."""
         window = int(cfg.get("sliding_window") or 0)
@@ -45,3 +52,7 @@ class Architecture:
 
     def block(self, cfg, layer: int) -> BlockSpec:
         raise NotImplementedError
+
+    def kv_layout(self, cfg) -> tuple[LayerKV, ...]:
+        """Each layer's paged cache, from its BlockSpec (the runner allocates it, the planner and `info` count it)."""
+        return tuple(self.block(cfg, i).kv(cfg) for i in range(cfg.num_layers))

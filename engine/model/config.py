@@ -40,11 +40,18 @@ class ModelConfig:
     expert_group_count: int = 1         # group-limited routing (DeepSeek): groups, and groups kept
     expert_group_used_count: int = 1
     expert_weights_scale: float = 1.0   # routed_scaling_factor
+    expert_selection_bias: bool = False  # exp_probs_b.bias (DeepSeek's correction bias) joins the choice
     # Attention variants
     rope_dim: int = 0                   # rotated dims of a head (partial rotary); 0 = head_dim
     attn_bias: bool = False             # q/k/v biases
     attn_out_bias: bool = False         # o_proj bias (gpt-oss)
     qk_norm: bool = False               # per-head RMSNorm of q and k before RoPE
+    value_head_dim: int = 0             # 0 = head_dim (MLA's values are narrower than its query/key heads)
+    # MLA (deepseek2): head_dim is a query/key head (nope + rope dims), rope_dim its rope part, num_kv_heads 1
+    q_lora_rank: int = 0                # q's low-rank projection; 0 = attn_q straight from the input
+    kv_lora_rank: int = 0               # the cached latent's width
+    rope_yarn_log_mul: float = 0.0      # llama.cpp's yarn_log_multiplier (0.1 mscale_all_dim): YaRN multiplies
+                                        # the softmax scale by (1 + it ln factor)^2
     # Multi-token-prediction layers after the main ones (kept in the file, not run by the decoder)
     nextn_layers: int = 0
     # Tokens

@@ -29,6 +29,7 @@ class DecoderModel:
         shared: dict = {}  # what layers share (RoPE tables)
         self.blocks = [Block(arch.block(config, i), ws, config, i, batch_invariant, shared)
                        for i in range(config.num_layers)]
+        self.kv_layout = arch.kv_layout(config)  # each layer's paged cache (core/kv_spec.LayerKV)
 
     def embed_tokens(self, input_ids: np.ndarray) -> np.ndarray:
         x = self.embed.weight.embed(np.ascontiguousarray(input_ids, dtype=np.int64))
@@ -53,6 +54,3 @@ class DecoderModel:
         if self.config.final_logit_softcap:
             activations.softcap(logits, self.config.final_logit_softcap)
         return logits
-
-    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
-        return (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)

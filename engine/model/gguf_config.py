@@ -125,8 +125,6 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         raise ModelLoadError(f"{gf.path}: head counts {num_heads}/{num_kv_heads} (q/kv) are not usable")
     head_dim = m.num("attention.key_length", hidden // num_heads)
     value_dim = m.num("attention.value_length", head_dim)
-    if value_dim != head_dim:
-        raise ModelLoadError(f"{gf.path}: key_length {head_dim} != value_length {value_dim} is not supported")
     rope_dim = m.num("rope.dimension_count", head_dim)
     if not 0 < rope_dim <= head_dim or rope_dim % 2:
         raise ModelLoadError(f"{gf.path}: rope.dimension_count {rope_dim} does not fit head_dim {head_dim}")
@@ -153,4 +151,6 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         name=str(gf.metadata.get("general.name", "")),
     )
     arch.gguf_config(m, kw)
+    if value_dim != head_dim and "value_head_dim" not in kw:  # only an architecture that reads them itself (MLA)
+        raise ModelLoadError(f"{gf.path}: key_length {head_dim} != value_length {value_dim} is not supported")
     return ModelConfig(**kw)

@@ -78,14 +78,22 @@ def _rope(cfg: dict, default_theta: float, source: str) -> tuple[float, RopeScal
             "llama3", factor, orig or 8192, low_freq_factor=float(sc.get("low_freq_factor", 1.0)),
             high_freq_factor=float(sc.get("high_freq_factor", 4.0)))
     if kind == "yarn":
-        # HF's attention_factor replaces yarn's mscale (0.1 ln(factor) + 1); ours multiplies it.
+        # HF's attention_factor replaces yarn's mscale (0.1 ln(factor) + 1); ours multiplies it. Without one, HF
+        # derives it from mscale and mscale_all_dim when both are given (DeepSeek: their ratio, 1.0 for V3).
         attn = sc.get("attention_factor")
-        mscale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        mscale = _yarn_mscale(factor, 1.0)
+        if not attn and sc.get("mscale") and sc.get("mscale_all_dim"):
+            attn = _yarn_mscale(factor, float(sc["mscale"])) / _yarn_mscale(factor, float(sc["mscale_all_dim"]))
         return theta, RopeScaling(
             "yarn", factor, orig or int(cfg.get("max_position_embeddings", 0) / factor),
             beta_fast=float(sc.get("beta_fast") or 32.0), beta_slow=float(sc.get("beta_slow") or 1.0),
             attn_factor=float(attn) / mscale if attn else 1.0, truncate=bool(sc.get("truncate", True)))
     _fail(source, f"rope scaling type '{kind}' is not supported (supported: linear, llama3, yarn)")
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    """transformers' yarn_get_mscale."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def _layer_windows(cfg: dict, arch, n: int) -> tuple[int, ...]:
@@ -268,6 +276,8 @@ class HFWeights(WeightSource):
                 experts.setdefault((int(m[1]), m[3]), {})[int(m[2])] = src
             elif m := _FUSED_EXPERT_RE.match(hf):
                 self._add_fused_experts(int(m[1]), m[2], src)
+            elif (m := _LAYER_RE.match(hf)) and (parts := self.arch.hf_split(c, f"{m[2]}.{m[3]}")):
+                self._add_split(int(m[1]), parts, src)
             elif (m := _LAYER_RE.match(hf)) and m[2] in layer_map:
                 self._add(f"blk.{m[1]}.{layer_map[m[2]]}.{m[3]}", c, src)
             elif m := _SPECIAL_RE.match(hf):
@@ -300,6 +310,17 @@ class HFWeights(WeightSource):
             off = np.float32(self.arch.hf_norm_offset)
             load, offset, gtype = (lambda ld=load, t=gtype: _as_f32(ld(), t) + off), -1, GT.F32
         self._tensors[name] = (TensorInfo(name, gtype, shape, offset, tensor_nbytes(gtype, shape)), load)
+
+    def _add_split(self, layer: int, parts: dict, src: tuple[_SafetensorsFile, str]) -> None:
+        # Architecture.hf_split: GGUF tensors computed from one HF tensor (data movement only: any dtype).
+        gtype, shape, load = self._entry(src, f"blk.{layer}")
+        if sum(math.prod(sub) for sub, _ in parts.values()) != math.prod(shape):
+            _fail(src[0].path, f"tensor '{src[1]}': shape {shape} does not split into "
+                               f"{', '.join(f'{rel} {sub}' for rel, (sub, _) in parts.items())}")
+        for rel, (sub, fn) in parts.items():
+            name = f"blk.{layer}.{rel}"
+            self._tensors[name] = (TensorInfo(name, gtype, sub, -1, tensor_nbytes(gtype, sub)),
+                                   lambda ld=load, fn=fn: np.ascontiguousarray(fn(ld())))
 
     def _add_stacked(self, name: str, by_expert: dict[int, tuple[_SafetensorsFile, str]]) -> None:
         if sorted(by_expert) != list(range(len(by_expert))):

@@ -5,6 +5,8 @@ import math
 import os
 from typing import Any
 
+from engine.core.kv_spec import layout_bytes_per_block
+from engine.model.registry import architecture
 from engine.model.weights import open_weights
 
 KV_BYTES_PER_ELEMENT = 2  # fp16 KV cache, the default
@@ -22,8 +24,8 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     Returns:
         dict with path, format, architecture, name, config (ModelConfig.to_dict()), num_tensors,
         num_params, tensor_types {type name: {"count", "bytes"}} (largest first), total_weight_bytes,
-        kv_bytes_per_1k_tokens (fp16, every layer at full attention), sliding_window_layers,
-        kv_note (what the KV figure means for sliding-window models).
+        kv_bytes_per_1k_tokens (fp16, every layer at full attention: the layers' caches as the runner allocates
+        them, core/kv_spec.LayerKV), sliding_window_layers, kv_note (what the KV figure counts).
     Raises:
         ModelLoadError: as open_weights.
     """
@@ -38,9 +40,14 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         entry["bytes"] += t.nbytes
         num_params += math.prod(t.shape)
     types = dict(sorted(types.items(), key=lambda kv: -kv[1]["bytes"]))
-    kv_1k = kv_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim) * 1024
+    layout = architecture(c.arch).kv_layout(c)
+    kv_1k = layout_bytes_per_block(layout, 1024, "fp16")
     sliding = [w for w in c.layer_sliding_window if w > 0]
     note = "fp16 K and V, every layer at full attention"
+    if any(layer.v_is_k for layer in layout):
+        d = layout[0].head_dim
+        note = (f"fp16 latent cache (MLA): per token and layer one row of {c.kv_lora_rank} latent + {d - c.kv_lora_rank}"
+                " rope-key values, read as both K and V")
     if sliding:
         note += (f"; {len(sliding)} of {c.num_layers} layers use a sliding window of {max(sliding)} tokens, "
                  "so beyond that length they stop growing and the real cost is lower")
@@ -87,6 +94,10 @@ def format_info(info: dict[str, Any]) -> str:
         rope += f", {rs['type']} scaling x{rs['factor']:g}"
     windows = list(c["layer_sliding_window"])
     attn = f"{c['num_heads']} heads, {c['num_kv_heads']} kv heads, head_dim {c['head_dim']}"
+    if c.get("kv_lora_rank"):  # MLA
+        q = f"q_lora_rank {c['q_lora_rank']}" if c["q_lora_rank"] else "plain q"
+        attn = (f"MLA, {c['num_heads']} heads of {c['head_dim']} (rope {c['rope_dim']}), value_dim "
+                f"{c['value_head_dim']}, {q}, kv_lora_rank {c['kv_lora_rank']}")
     lines = [
         f"model:          {info['path']} ({info['format']})",
         f"name:           {info['name'] or '-'}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cpu_kernels.rope import RopeScaling
+from engine.core.kv_spec import LayerKV
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,42 @@ class AttentionSpec:
         if self.sinks:
             out["attn_sinks.weight"] = (cfg.num_heads,)
         return out
+
+    def kv(self, cfg) -> LayerKV:
+        """Its paged cache per token: K and V of every kv head."""
+        return LayerKV(cfg.num_kv_heads, cfg.head_dim)
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """DeepSeek's multi-head latent attention in llama.cpp's absorbed form. q comes from attn_q_a (RMSNorm
+    attn_q_a_norm) then attn_q_b, or from attn_q alone (q_lora_rank 0); each head's q (cfg.head_dim = nope + rope
+    dims) splits into nope and rope dims. attn_kv_a_mqa gives the latent (kv_lora_rank, RMSNorm attn_kv_a_norm) and
+    one rope key shared by all heads; RoPE turns the rope dims only. attn_k_b (heads, kv_lora_rank, nope) takes each
+    head's nope query into the latent space, so the cache holds per token only [latent | roped key] (one kv head,
+    K serving as V); each head's latent output goes back through attn_v_b (heads, value_dim, kv_lora_rank) to
+    attn_output. scale: the softmax scale (YaRN's mscale^2 / sqrt(head_dim))."""
+    rope: RopeSpec
+    q_lora_rank: int
+    kv_lora_rank: int
+    value_dim: int
+    scale: float
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        H, nh, qk, r = cfg.hidden_size, cfg.num_heads, cfg.head_dim, self.rope.dim
+        lat, v = self.kv_lora_rank, self.value_dim
+        out = {"attn_kv_a_mqa.weight": (lat + r, H), "attn_kv_a_norm.weight": (lat,),
+               "attn_k_b.weight": (nh, lat, qk - r), "attn_v_b.weight": (nh, v, lat), "attn_output.weight": (H, nh * v)}
+        if self.q_lora_rank:
+            out.update({"attn_q_a.weight": (self.q_lora_rank, H), "attn_q_a_norm.weight": (self.q_lora_rank,),
+                        "attn_q_b.weight": (nh * qk, self.q_lora_rank)})
+        else:
+            out["attn_q.weight"] = (nh * qk, H)
+        return out
+
+    def kv(self, cfg) -> LayerKV:
+        """Its paged cache per token: the latent and the roped key, one row read as both K and V."""
+        return LayerKV(1, self.kv_lora_rank + self.rope.dim, v_is_k=True)
 
 
 @dataclass(frozen=True)
@@ -138,6 +175,13 @@ class BlockSpec:
                     out[norm + ".weight"] = (cfg.hidden_size,)
             out.update(st.part.tensors(cfg))
         return out
+
+    def kv(self, cfg) -> LayerKV:
+        """The layer's paged cache: its attention part's."""
+        for st in self.steps:
+            if hasattr(st.part, "kv"):
+                return st.part.kv(cfg)
+        raise ValueError("a block without an attention part has no paged cache")
 
 
 def prenorm_block(mixer, ffn) -> BlockSpec:

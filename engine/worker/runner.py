@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.core.kv_spec import bytes_per_block, kv_storage_dtype
+from engine.core.kv_spec import LayerKV, kv_storage_dtype, layout_bytes_per_block
 from engine.worker.batch import BatchMetadata
 from engine.worker.huge_pages import small_pages, zeros_small_pages
 
@@ -24,22 +24,28 @@ class SeqChunk:
     logits: str = "last"
 
 
+def layer_cache(layer: LayerKV, num_blocks: int, block_size: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """One layer's (K, V) arrays, zeroed; the same array twice where V is K. Touched block by block while serving,
+    so in small pages (huge_pages.py)."""
+    k = zeros_small_pages(layer.block_shape(num_blocks, block_size), dtype)
+    return k, (k if layer.v_is_k else zeros_small_pages(layer.block_shape(num_blocks, block_size), dtype))
+
+
 class ModelRunner:
-    """Owns the model and its paged KV cache (one (K, V) pair per layer)."""
+    """Owns the model and its paged KV cache: one (K, V) pair per layer, shaped by the model's kv_layout (V is K,
+    one array, where the layer reads its values from its keys: MLA)."""
 
     def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str = "auto"):
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         dtype = np.dtype(kv_storage_dtype(kv_cache_dtype))
-        shape = model.kv_cache_shape(num_blocks, block_size)
-        # touched block by block while serving, so in small pages: huge_pages.py
-        self.kv_caches = [(zeros_small_pages(shape, dtype), zeros_small_pages(shape, dtype))
-                          for _ in range(model.config.num_layers)]
+        self.kv_caches = [layer_cache(layer, num_blocks, block_size, dtype) for layer in model.kv_layout]
 
     @staticmethod
     def kv_bytes_per_block(config, block_size: int, kv_cache_dtype: str = "auto") -> int:
-        return bytes_per_block(config.num_layers, block_size, config.num_kv_heads, config.head_dim, kv_cache_dtype)
+        from engine.model.registry import architecture
+        return layout_bytes_per_block(architecture(config.arch).kv_layout(config), block_size, kv_cache_dtype)
 
     def build_batch(self, chunks: list[SeqChunk]) -> BatchMetadata:
         bs = self.block_size

@@ -39,11 +39,23 @@ def tiny_config(arch: str):
                                                           "beta_slow": 1.0, "truncate": False,
                                                           "original_max_position_embeddings": 64,
                                                           "rope_theta": 150000.0})
+    if arch in ("deepseek2", "deepseek2-lite"):
+        # MLA (q through q_a, or straight for -lite) with YaRN and mscale_all_dim, a dense first layer, then grouped
+        # sigmoid routing with the correction bias, routed scaling and a shared expert
+        cfg = {k: v for k, v in COMMON.items() if k != "head_dim"}
+        cfg.update(num_hidden_layers=3, num_key_value_heads=4, rms_norm_eps=1e-6)  # HF repeats K/V by heads / kv heads
+        return transformers.DeepseekV3Config(
+            **cfg, q_lora_rank=None if arch.endswith("lite") else 64, kv_lora_rank=256, qk_nope_head_dim=32,
+            qk_rope_head_dim=16, v_head_dim=64, moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=2,
+            n_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5,
+            norm_topk_prob=True, rope_parameters={
+                "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "beta_fast": 32.0,
+                "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707, "rope_theta": 10000.0})
     raise KeyError(arch)
 
 
-ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "gpt-oss"]
-MOE_ARCHES = {"qwen3moe", "glm4moe", "gpt-oss"}  # their routers' top-k can flip near ties under quantization
+ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "gpt-oss", "deepseek2"]
+MOE_ARCHES = {"qwen3moe", "glm4moe", "gpt-oss", "deepseek2", "deepseek2-lite"}  # their routers' top-k can flip near ties under quantization
 # HF parameters stored as x @ W (input dim before output dim): gpt-oss's experts (other families' fused experts
 # of the same names are (E, N, K)).
 X_AT_W = {"gpt-oss": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")}

@@ -40,12 +40,7 @@ class Attention(Part):
         self.qkv = Projections(self, ("q", "k", "v"))
 
     def rope_table(self, meta) -> tuple[np.ndarray, np.ndarray]:
-        """cos/sin of the step's positions: computed by the first layer with this RoPE, shared by the rest."""
-        key = ("rope", id(self.inv_freq), self.mscale)
-        table = meta.step_cache.get(key)
-        if table is None:
-            table = meta.step_cache[key] = rope.rope_cos_sin(meta.positions, self.inv_freq, self.mscale)
-        return table
+        return step_rope_table(meta, self.inv_freq, self.mscale)
 
     def __call__(self, x: np.ndarray, meta, kv) -> np.ndarray:
         t, rows = x.shape[0], meta.rows
@@ -97,6 +92,15 @@ class Attention(Part):
         leaves = {k: conv.leaf(getattr(self, k), name, lp) for k, name in self.names.items()}
         return DeviceAttention(self, leaves["q"], leaves["k"], leaves["v"], leaves["o"], conv.norm(self.q_norm),
                                conv.norm(self.k_norm), conv.ctx, kv_cache=kv_cache, kv_on_host=lp.kv_device == "cpu")
+
+
+def step_rope_table(meta, inv_freq: np.ndarray, mscale: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin of the step's positions: computed by the first layer with this RoPE, shared by the rest."""
+    key = ("rope", id(inv_freq), mscale)
+    table = meta.step_cache.get(key)
+    if table is None:
+        table = meta.step_cache[key] = rope.rope_cos_sin(meta.positions, inv_freq, mscale)
+    return table
 
 
 def rope_tables(rotary_dim: int, spec: RopeSpec, ws=None) -> tuple[np.ndarray, float]:
