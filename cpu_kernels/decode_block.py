@@ -18,6 +18,7 @@ from cpu_kernels import norms
 from cpu_kernels.activations import _gelu_tanh_mul, _silu_mul, _swiglu_oai
 from cpu_kernels.attention import _paged_attention, _paged_attention_serial
 from cpu_kernels.attn_inputs import _attn_inputs, _q_inputs
+from cpu_kernels.mla import _write_latents, head_columns, rope_queries
 from cpu_kernels.moe import add_shared, expert_rows, moe_accumulate, router_input, scale_chosen
 from cpu_kernels.norms import residual_rms_norm, rms_norm
 from cpu_kernels.quant.packed import gemv_packed, packed_slice
@@ -29,11 +30,13 @@ ACT_SILU, ACT_GELU_TANH, ACT_SWIGLU_OAI = 0, 1, 2
 # and bytes; biases: f32 per group output and o ((0,) = none); layout: (k_src, v_src, q0, k0, v0, num_heads, neox)
 # with k_src 1 = k's columns are in q's group's output, v_src 1 = in q's, 2 = in k's, 0 = v's own, and q0/k0/v0 the
 # parts' first columns; qk_w: q, k and v norm weights ((0,) = none); f: (q_eps, k_eps, scale, softcap, v_eps);
-# window: 0 = full.
-FusedAttention = namedtuple("FusedAttention", ("gemvs", "dims", "nbytes", "biases", "layout", "qk_w", "f", "window"))
+# window: 0 = full; sinks: f32 (Hq,) attention-sink logits ((0,) = none).
+FusedAttention = namedtuple("FusedAttention", ("gemvs", "dims", "nbytes", "biases", "layout", "qk_w", "f", "window",
+                                               "sinks"))
 # An attention that reads another layer's K/V (parts/attention.py with kv_from): gemvs (q, o); biases: (q's, o's);
-# layout: (q0, num_heads, head_dim, neox); q_w: q's norm weight; f: (q_eps, scale, softcap).
-FusedQAttention = namedtuple("FusedQAttention", ("gemvs", "dims", "nbytes", "biases", "layout", "q_w", "f", "window"))
+# layout: (q0, num_heads, head_dim, neox); q_w: q's norm weight; f: (q_eps, scale, softcap); sinks as above.
+FusedQAttention = namedtuple("FusedQAttention", ("gemvs", "dims", "nbytes", "biases", "layout", "q_w", "f", "window",
+                                                 "sinks"))
 # gemvs: (gate's group, up's group, down); layout: (up_src, gate0, up0, F, act): up_src 1 = up's columns are in
 # gate's group output; gate0/up0 the parts' first columns; F the width of each.
 FusedGatedMLP = namedtuple("FusedGatedMLP", ("gemvs", "dims", "nbytes", "layout"))
@@ -46,13 +49,19 @@ FusedGatedMLP = namedtuple("FusedGatedMLP", ("gemvs", "dims", "nbytes", "layout"
 # expert's gate and up rows (2F), gate first.
 FusedMoE = namedtuple("FusedMoE", ("router", "experts", "biases", "dims", "nbytes", "layout", "f", "router_bias",
                                    "selection_bias", "shared", "shared_gate", "router_in", "expert_scale"))
+# MLA (parts/mla.py): gemvs: packed (q_a's or q's group, kv_a's group, q_b (q's group again without q_a), o); heads:
+# (k_b, v_b) packed with a leading head axis; dims, nbytes: the four's output widths and bytes, then one head's k_b
+# and v_b bytes; norms: (q_a_norm weight ((0,): no q_a), kv_a_norm weight); layout: (kv_src, q0, kv0, num_heads,
+# head_dim, q_lora_rank (0: no q_a), value_dim) with kv_src 1 = kv_a's columns are in the first group's output and
+# q0/kv0 the parts' first columns; f: (q_a eps, kv_a eps, scale).
+FusedMLA = namedtuple("FusedMLA", ("gemvs", "heads", "dims", "nbytes", "norms", "layout", "f"))
 # parts/parallel_ffn.py: a FusedGatedMLP and a FusedMoE over the same input; norms: (mlp pre, mlp post, moe pre, moe
 # post) weights; eps.
 FusedParallelFFN = namedtuple("FusedParallelFFN", ("mlp", "moe", "norms", "eps"))
 # parts/per_layer.py: gemvs (inp_gate, proj); dims (P, H); nbytes: theirs; layout: (act,). The layer's per-layer
 # input rows come with the step (block_step's layer_in).
 FusedPerLayerInput = namedtuple("FusedPerLayerInput", ("gemvs", "dims", "nbytes", "layout"))
-for _cls in (FusedAttention, FusedQAttention, FusedGatedMLP, FusedMoE, FusedParallelFFN, FusedPerLayerInput):
+for _cls in (FusedAttention, FusedQAttention, FusedGatedMLP, FusedMoE, FusedMLA, FusedParallelFFN, FusedPerLayerInput):
     _cls.__module__ = __name__  # Numba's cache pickles the types by reference
 
 
@@ -101,17 +110,17 @@ def _act(a, ga, b, ub, f, act, bar, nt):
 
 
 @njit(cache=True)
-def _attend(q, ctx, scale, window, softcap, k_cache, v_cache):
+def _attend(q, ctx, scale, window, softcap, k_cache, v_cache, sinks):
     """paged_attention as parts/attention.py runs it: on the calling thread when the work is small."""
     query_start_loc, seq_lens, block_tables, max_seq_len, bar, nt = ctx[5], ctx[6], ctx[7], ctx[8], ctx[9], ctx[10]
     work = q.shape[0] * max_seq_len * q.shape[1] * q.shape[2]
     if work < bar or nt == 1:
         set_threads(1)
         return _paged_attention_serial(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, window,
-                                       softcap, np.zeros(0, np.uint8))
+                                       softcap, np.zeros(0, np.uint8), sinks)
     set_threads(nt)
     return _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, window, softcap, nt,
-                            np.zeros(0, np.uint8))
+                            np.zeros(0, np.uint8), sinks)
 
 
 @njit(cache=True)
@@ -135,7 +144,7 @@ def _attention_step(a, h, ctx):
     set_threads(_small(yq.nbytes, bar, nt))
     q = _attn_inputs(yq, q0, yk, k0, yv, v0, hq, a.qk_w[0], a.qk_w[1], a.qk_w[2], a.f[0], a.f[1], a.f[4], cos, sin,
                      neox != 0, k_cache, v_cache, slot_mapping)
-    out = _attend(q, ctx, a.f[2], a.window, a.f[3], k_cache, v_cache)
+    out = _attend(q, ctx, a.f[2], a.window, a.f[3], k_cache, v_cache, a.sinks)
     return _gemv_bias(po, no_, bo, a.biases[3], out.reshape(T, hq * q.shape[2]), bar, nt)
 
 
@@ -150,8 +159,45 @@ def _q_attention_step(a, h, ctx):
     yq = _gemv_bias(pq, nq, bq, a.biases[0], h, bar, nt)
     set_threads(_small(yq.nbytes, bar, nt))
     q = _q_inputs(yq, q0, hq, d, a.q_w, a.f[0], cos, sin, neox != 0)
-    out = _attend(q, ctx, a.f[1], a.window, a.f[2], k_cache, v_cache)
+    out = _attend(q, ctx, a.f[1], a.window, a.f[2], k_cache, v_cache, a.sinks)
     return _gemv_bias(po, no_, bo, a.biases[1], out.reshape(h.shape[0], hq * d), bar, nt)
+
+
+@njit(cache=True)
+def _mla_step(a, h, ctx):
+    """parts/mla.py's MLA: q (through q_a and its norm, or straight) and kv_a, the latent rows into the cache, each
+    head's nope query through its k_b and its rope dims rotated, attention over the latent cache, each head's latent
+    result through its v_b, o."""
+    cos, sin, cache, bar, nt, slot_mapping = ctx[0], ctx[1], ctx[2], ctx[9], ctx[10], ctx[4]
+    p1, pkv, pqb, po = a.gemvs
+    kb3, vb3 = a.heads
+    n1, nkv, nqb, no_ = a.dims
+    b1, bkv, bqb, bo, bkb, bvb = a.nbytes
+    kv_src, q0, kv0, H, qk, q_lora, vd = a.layout
+    L = a.norms[1].shape[0]
+    R = 2 * cos.shape[1]
+    T = h.shape[0]
+    y1 = _gemv(p1, n1, b1, h, bar, nt)
+    ykv = y1 if kv_src == 1 else _gemv(pkv, nkv, bkv, h, bar, nt)
+    yq, qc = y1, q0
+    if q_lora:
+        cq_in = y1[:, q0:q0 + q_lora]
+        _norm_threads(cq_in, bar, nt)
+        yq, qc = _gemv(pqb, nqb, bqb, rms_norm(cq_in, a.norms[0], a.f[0]), bar, nt), 0
+    set_threads(_small(ykv.nbytes, bar, nt))
+    _write_latents(ykv, kv0, a.norms[1], a.f[1], cos, sin, cache, slot_mapping)
+    qn = head_columns(yq, qc, H, qk, qk - R)
+    q = np.empty((T, H, L + R), np.float32)
+    for hh in range(H):
+        q[:, hh, :L] = _gemv(packed_slice(kb3, hh), L, bkb, qn[hh], bar, nt)
+    set_threads(_small(yq.nbytes, bar, nt))
+    rope_queries(yq, qc, qk, cos, sin, q)
+    out = _attend(q, ctx, a.f[2], 0, 0.0, cache, cache, np.zeros(0, np.float32))
+    lat = head_columns(out.reshape(T, H * (L + R)), 0, H, L + R, L)
+    o_in = np.empty((T, H * vd), np.float32)
+    for hh in range(H):
+        o_in[:, hh * vd:(hh + 1) * vd] = _gemv(packed_slice(vb3, hh), vd, bvb, lat[hh], bar, nt)
+    return _gemv(po, no_, bo, o_in, bar, nt)
 
 
 @njit(cache=True)
@@ -298,6 +344,8 @@ def _part_step(part, h, ctx):
         return lambda part, h, ctx: _parallel_ffn_step(part, h, ctx)
     if cls is FusedPerLayerInput:
         return lambda part, h, ctx: _per_layer_input_step(part, h, ctx)
+    if cls is FusedMLA:
+        return lambda part, h, ctx: _mla_step(part, h, ctx)
     return None
 
 

@@ -240,6 +240,8 @@ class DeviceAttention:
         self.shared_kv = getattr(src, "shared_kv", False)
         vn = getattr(src, "v_norm", None)
         self.v_norm = DeviceRMSNorm(vn[0], vn[1], ctx.device) if vn is not None else None
+        self.host_sinks = src.sinks  # f32 (Hq,) attention-sink logits or None
+        self.sinks = vector(src.sinks, ctx.device) if src.sinks is not None else None
 
     def _kv(self, x: torch.Tensor, t: int, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """This step's K (normed, rotated) and V (normed) rows."""
@@ -283,12 +285,12 @@ class DeviceAttention:
     def _torch(self, q, k_cache, v_cache, batch: DeviceBatch) -> torch.Tensor:
         groups = batch.attention_groups(self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1])
         return dattn.paged_attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
-                                     self.scale, self.sliding_window, self.softcap, groups=groups)
+                                     self.scale, self.sliding_window, self.softcap, groups=groups, sinks=self.sinks)
 
     def _triton(self, q, k_cache, v_cache, batch: DeviceBatch) -> torch.Tensor:
         from gpu_kernels.triton_attention import paged_attention_rows
         return paged_attention_rows(q, k_cache, v_cache, batch.row_layout(), batch.block_tables, self.scale,
-                                    self.sliding_window, self.softcap)
+                                    self.sliding_window, self.softcap, sinks=self.sinks)
 
     def _host_attention(self, q, k, v, meta, kv) -> np.ndarray:
         from cpu_kernels import attention as cattn
@@ -298,7 +300,7 @@ class DeviceAttention:
         if k is not None:  # a layer reading an earlier layer's K/V writes none
             cattn.write_kv(to_host(k), to_host(v), k_cache, v_cache, meta.slot_mapping)
         out = cattn.paged_attention(qn, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-                                    self.scale, self.sliding_window, self.softcap)
+                                    self.scale, self.sliding_window, self.softcap, sinks=self.host_sinks)
         return out.reshape(q.shape[0], -1)
 
 

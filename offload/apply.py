@@ -88,7 +88,8 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
     conv = Converter(model, ctx, default_fmt=wd if wd in DTYPES else "packed")
     originals = (list(model.blocks), model.lm_head) if keep_originals else None
     kv_dtype = getattr(torch, kv_storage_dtype(kv_cache_dtype))
-    layout = model.kv_layout  # each layer's cache; a KV-shared layer reads its source layer's (none of its own)
+    layout = model.kv_layout  # each layer's cache (V is K for MLA: one tensor; none of its own for a KV-shared layer)
+    _check_shared_kv(plan, layout)
     patches, runner_kv, device_kv = [], {}, {}
     with torch.no_grad():
         for lp in plan.layers:
@@ -98,12 +99,15 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
                     patches += conv.patch_cpu_block(model.blocks[i], i, lp)
                 continue
             kv = None
-            if layout[i].shared_from >= 0:  # the source layer's device KV, or (in RAM) the numpy cache it is handed
-                kv = device_kv.get(layout[i].shared_from)
+            src = layout[i].shared_from
+            if src >= 0:  # a KV-shared layer attends over its source layer's cache, wherever that is
+                kv = device_kv.get(src)
+                if runner is not None and kv is not None:
+                    runner_kv[i], runner.kv_caches[i] = runner.kv_caches[i], kv
             elif lp.kv_device != "cpu":
                 shape = layout[i].block_shape(num_blocks, block_size)
-                kv = (torch.zeros(shape, dtype=kv_dtype, device=ctx.device),
-                      torch.zeros(shape, dtype=kv_dtype, device=ctx.device))
+                k = torch.zeros(shape, dtype=kv_dtype, device=ctx.device)
+                kv = (k, k if layout[i].v_is_k else torch.zeros(shape, dtype=kv_dtype, device=ctx.device))
                 device_kv[i] = kv
                 if runner is not None:
                     runner_kv[i] = runner.kv_caches[i]
@@ -144,6 +148,16 @@ def bind_runner(runner, model) -> int:
     if tier is not None:
         tier.bind(own_caches(runner.kv_caches))
     return n
+
+
+def _check_shared_kv(plan: PlacementPlan, layout) -> None:
+    """A KV-shared layer reads its source layer's cache, so both must keep it on the same device."""
+    where = {lp.index: lp.kv_device if lp.device != "cpu" else "cpu" for lp in plan.layers}
+    for i, kv in enumerate(layout):
+        if kv.shared_from >= 0 and where.get(i) != where.get(kv.shared_from):
+            raise ValueError(f"layer {i} reads layer {kv.shared_from}'s KV cache (KV sharing) but the plan keeps "
+                             f"them on {where.get(i)} and {where.get(kv.shared_from)}; place both layers' KV alike "
+                             "(e.g. --n-gpu-layers covering both, or --kv-offload)")
 
 
 def own_caches(kv_caches: list) -> dict:

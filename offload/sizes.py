@@ -1,7 +1,8 @@
 """The size model behind the planner: what each placement of each tensor costs on each device.
 
 Bytes on a GPU: packed GGUF blocks as stored, or numel x the dtype dequantized to; norms, biases and MoE
-routers in float32. KV: 2 (K and V) x block_size x kv heads x head_dim x the KV dtype per block per layer. Work:
+routers in float32. KV: 2 (K and V; 1 where V is K, MLA's latent) x block_size x kv heads x head_dim x the KV dtype
+per block per layer (ModelMeta.kv, from the architecture's BlockSpecs). Work:
 activations of max_num_batched_tokens rows, attention scratch, dequantization tiles, staging for
 streamed layers and the logits of the rows that sample. Margin: the runtime's own (CUDA context).
 """
@@ -20,7 +21,7 @@ from offload.plan_types import GIB, DeviceUsage, PlanOptions, gib
 MIB = 1 << 20
 # Types gpu_kernels/dequant.py can keep packed on a device (a test checks the two agree).
 DEVICE_PACKED_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
-                                 "Q4_K", "Q5_K", "Q6_K"})
+                                 "Q4_K", "Q5_K", "Q6_K", "MXFP4"})
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 ATTN_SCRATCH = 256 * MIB   # gpu_kernels.attention.SCRATCH_BYTES
 # llama.cpp's --fit-ctx default: the least context `auto` keeps room for when --max-model-len was not chosen.

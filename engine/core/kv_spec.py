@@ -26,30 +26,39 @@ def kv_itemsize(kv_cache_dtype: str) -> int:
     return ITEMSIZE[kv_storage_dtype(kv_cache_dtype)]
 
 
-def bytes_per_block_per_layer(block_size: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str) -> int:
-    """K and V of block_size tokens in one layer."""
-    return 2 * block_size * num_kv_heads * head_dim * kv_itemsize(kv_cache_dtype)
-
-
 @dataclass(frozen=True)
 class LayerKV:
-    """One layer's paged cache per token: K and V rows of num_heads x head_dim; or, with shared_from >= 0, none of
-    its own: the layer reads the cache of layer shared_from (Gemma 4's KV-shared layers) and costs no bytes."""
+    """What one layer's paged cache holds per token: K rows of num_heads x head_dim and V rows of the same shape,
+    or (v_is_k) no V of its own: attention reads V from the K rows (MLA's latent is both key and value), and the
+    layer's cache is one array; or (shared_from >= 0) no cache of its own: the layer attends over layer
+    shared_from's cache (Gemma 4's KV-shared layers), which the runner hands it, and costs no bytes."""
     num_heads: int
     head_dim: int
+    v_is_k: bool = False
     shared_from: int = -1
 
     def block_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
         return (num_blocks, block_size, self.num_heads, self.head_dim)
 
+    @property
+    def arrays(self) -> int:
+        """Cache arrays of the layer: K and V, or the one K serves as both."""
+        return 1 if self.v_is_k else 2
+
     def bytes_per_block(self, block_size: int, kv_cache_dtype: str) -> int:
         if self.shared_from >= 0:
             return 0
-        return bytes_per_block_per_layer(block_size, self.num_heads, self.head_dim, kv_cache_dtype)
+        return self.arrays * block_size * self.num_heads * self.head_dim * kv_itemsize(kv_cache_dtype)
+
+
+def bytes_per_block_per_layer(block_size: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str,
+                              v_is_k: bool = False) -> int:
+    """K and V (or K alone, v_is_k) of block_size tokens in one layer."""
+    return LayerKV(num_kv_heads, head_dim, v_is_k).bytes_per_block(block_size, kv_cache_dtype)
 
 
 def layout_bytes_per_block(layout: Sequence[LayerKV], block_size: int, kv_cache_dtype: str) -> int:
-    """One block id's cache in every layer of a layout (one LayerKV per layer; shared layers count nothing)."""
+    """One block id's cache in every layer of a layout (one LayerKV per layer)."""
     return sum(layer.bytes_per_block(block_size, kv_cache_dtype) for layer in layout)
 
 

@@ -22,9 +22,6 @@ class Architecture:
     hf_layer_map: dict[str, str] = {}    # per-layer HF module -> GGUF tensor base, beside hf.LAYER_MAP
     hf_permute_qk: bool = False          # Q/K rows permuted as llama.cpp's converter does for llama
     hf_norm_offset: float = 0.0          # added to every RMSNorm weight (Gemma stores w, GGUF holds 1 + w)
-    hf_special_map: dict[str, str] = {}  # per-layer HF tensors named without .weight/.bias -> GGUF names
-    hf_global_map: dict[str, str] = {}   # model-level HF tensors (beyond embedding, norm, head) -> GGUF names
-    hf_fused_gate_up: bool = False       # experts' gate_up_proj stays one ffn_gate_up_exps (llama.cpp's layout)
     hf_tie_default: bool = False         # tie_word_embeddings when config.json does not say
     hf_default_rope_theta: float = 10000.0
 
@@ -34,10 +31,22 @@ class Architecture:
     def hf_config(self, cfg: dict, kw: dict[str, Any], need) -> None:
         """Reads this architecture's own config.json keys into ModelConfig fields (need(key): a required key)."""
 
+    def hf_split(self, cfg, suffix: str) -> dict | None:
+        """GGUF tensors llama.cpp's converter computes from one per-layer HF tensor (suffix: the name after
+        model.layers.{i}., e.g. self_attn.kv_b_proj.weight): {name relative to blk.{i}.: (numpy shape, function of
+        the HF array)}, or None where the tensor maps as it is."""
+        return None
+
     def hf_layer_windows(self, cfg: dict, num_layers: int) -> tuple[int, ...]:
         """Per layer sliding window from config.json when it has no layer_types (0 = full attention)."""
         window = int(cfg.get("sliding_window") or 0)
         return (window,) * num_layers if window > 0 else ()
+
+    def hf_tensor(self, weights, hf_name: str, src, sources: dict) -> bool:
+        """Maps an HF tensor this architecture stores its own way (weights.add_tensor) and returns True, or False
+        for the generic mapping (hf.LAYER_MAP, stacked experts). sources: every HF name -> its src, for tensors
+        that come in parts (gpt-oss's MXFP4 blocks and scales)."""
+        return False
 
     def gguf_metadata(self, cfg) -> dict[str, Any]:
         """This architecture's own GGUF keys (without the `{arch}.` prefix) for a file written from cfg."""

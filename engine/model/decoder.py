@@ -62,6 +62,3 @@ class DecoderModel:
         if self.config.final_logit_softcap:
             activations.softcap(logits, self.config.final_logit_softcap)
         return logits
-
-    def kv_cache_shape(self, num_blocks: int, block_size: int, layer: int = 0) -> tuple[int, int, int, int]:
-        return self.kv_layout[layer].block_shape(num_blocks, block_size)

@@ -43,6 +43,9 @@ def gguf_metadata(cfg: ModelConfig) -> dict[str, Any]:
         md["rope.scaling.factor"] = float(rs.factor)
         if rs.original_max_position:
             md["rope.scaling.original_context_length"] = rs.original_max_position
+        if rs.type == "yarn":
+            md["rope.scaling.yarn_beta_fast"] = float(rs.beta_fast)
+            md["rope.scaling.yarn_beta_slow"] = float(rs.beta_slow)
     windows = [x for x in cfg.layer_sliding_window if x]
     if windows:
         md["attention.sliding_window"] = windows[0]
@@ -53,8 +56,9 @@ def gguf_metadata(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.num_experts:
         md.update({"expert_count": cfg.num_experts, "expert_used_count": cfg.num_experts_per_tok,
                    "expert_feed_forward_length": cfg.moe_intermediate_size,
-                   "expert_weights_norm": bool(cfg.norm_topk_prob),
-                   "expert_gating_func": {"softmax": 1, "sigmoid": 2}.get(cfg.expert_gating, 1)})
+                   "expert_weights_norm": bool(cfg.norm_topk_prob)})
+        if cfg.expert_gating in ("softmax", "sigmoid"):  # gpt-oss's topk_softmax is its architecture's own
+            md["expert_gating_func"] = {"softmax": 1, "sigmoid": 2}[cfg.expert_gating]
         if cfg.expert_shared_count:
             md["expert_shared_count"] = cfg.expert_shared_count
         if cfg.expert_weights_scale != 1.0:
@@ -75,8 +79,11 @@ def write_metadata(w: gguf.GGUFWriter, cfg: ModelConfig) -> None:
 
 
 def write_gguf(path: str, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
-               qtype: Callable[[str, tuple], Q] | None = None, tokenizer_metadata: Mapping | None = None) -> None:
-    """tensors: GGUF name -> float array in numpy order (N, K); each is quantized to qtype(name, shape)."""
+               qtype: Callable[[str, tuple], Q] | None = None, tokenizer_metadata: Mapping | None = None,
+               quantized: Mapping[str, tuple[Q, np.ndarray]] | None = None) -> None:
+    """tensors: GGUF name -> float array in numpy order (N, K); each is quantized to qtype(name, shape).
+    quantized: GGUF name -> (type, raw uint8 (..., row bytes)) written as they are (an HF MXFP4 checkpoint's
+    experts)."""
     from cpu_kernels.quant.quantize import quantize
     qtype = qtype or (lambda name, shape: Q.F32)
     w = gguf.GGUFWriter(path, cfg.arch)
@@ -89,7 +96,11 @@ def write_gguf(path: str, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
     from engine.model.registry import architecture
     for name, t in architecture(cfg.arch).gguf_tensors(cfg).items():  # what llama.cpp's converter computes
         tensors.setdefault(name, t)
+    for name, (q, raw) in (quantized or {}).items():
+        w.add_tensor(name, np.ascontiguousarray(raw, dtype=np.uint8), raw_dtype=q)
     for name, t in tensors.items():
+        if quantized and name in quantized:
+            continue
         t = np.ascontiguousarray(t, dtype=np.float32)
         q = qtype(name, t.shape)
         if q == Q.F32:

@@ -46,6 +46,10 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     sliding = [w for w in c.layer_sliding_window if w > 0]
     shared = sum(kv.shared_from >= 0 for kv in layout)
     note = "fp16 K and V, every layer at full attention"
+    if any(layer.v_is_k for layer in layout):
+        d = layout[0].head_dim
+        note = (f"fp16 latent cache (MLA): per token and layer one row of {c.kv_lora_rank} latent + {d - c.kv_lora_rank}"
+                " rope-key values, read as both K and V")
     if shared:
         note += f"; {shared} layers read the K/V of earlier layers and hold none"
     if sliding:
@@ -98,6 +102,10 @@ def format_info(info: dict[str, Any]) -> str:
     if c.get("head_dim_global"):  # Gemma 4's full-attention layers
         attn += (f" (full layers: {c['num_kv_heads_global'] or c['num_kv_heads']} kv heads, head_dim "
                  f"{c['head_dim_global']})")
+    if c.get("kv_lora_rank"):  # MLA
+        q = f"q_lora_rank {c['q_lora_rank']}" if c["q_lora_rank"] else "plain q"
+        attn = (f"MLA, {c['num_heads']} heads of {c['head_dim']} (rope {c['rope_dim']}), value_dim "
+                f"{c['value_head_dim']}, {q}, kv_lora_rank {c['kv_lora_rank']}")
     lines = [
         f"model:          {info['path']} ({info['format']})",
         f"name:           {info['name'] or '-'}",

@@ -28,17 +28,21 @@ class RopeSpec:
 
 @dataclass(frozen=True)
 class AttentionSpec:
-    """Self-attention over the paged KV cache: attn_q/k/v/output (+ .bias with qkv_bias), attn_q_norm/attn_k_norm
-    (per-head RMSNorm) with qk_norm, a sliding window (0 = full), a logit softcap (0 = none) and the score scale
-    (0 = head_dim ** -0.5). Gemma 4: head_dim / num_kv_heads of the layer (0 = cfg's); k_eq_v: no attn_v, V is the
-    raw attn_k output; v_norm: V RMSNormed (no weight) before it is cached; kv_from >= 0: the layer computes q only
-    and attends over layer kv_from's cache (no attn_k, attn_v, attn_k_norm of its own)."""
+    """Self-attention over the paged KV cache: attn_q/k/v/output (+ .bias with qkv_bias; attn_output.bias with
+    o_bias), attn_q_norm/attn_k_norm (per-head RMSNorm) with qk_norm, a sliding window (0 = full), a logit softcap
+    (0 = none), the score scale (0 = head_dim ** -0.5) and attention sinks (attn_sinks.weight: a learned logit per
+    query head added to the softmax's denominator only, gpt-oss). Gemma 4: head_dim / num_kv_heads of the layer
+    (0 = cfg's); k_eq_v: no attn_v, V is the raw attn_k output; v_norm: V RMSNormed (no weight) before it is cached;
+    kv_from >= 0: the layer computes q only and attends over layer kv_from's cache (no attn_k, attn_v, attn_k_norm
+    and no cache of its own)."""
     rope: RopeSpec
     qkv_bias: bool = False
     qk_norm: bool = False
     sliding_window: int = 0
     softcap: float = 0.0
     scale: float = 0.0
+    o_bias: bool = False
+    sinks: bool = False
     head_dim: int = 0
     num_kv_heads: int = 0
     k_eq_v: bool = False
@@ -60,12 +64,48 @@ class AttentionSpec:
             out.update({f"attn_{p}.bias": (rows[p],) for p in own})
         if self.qk_norm:
             out.update({f"attn_{p}_norm.weight": (D,) for p in own if p != "v"})
+        if self.o_bias:
+            out["attn_output.bias"] = (H,)
+        if self.sinks:
+            out["attn_sinks.weight"] = (cfg.num_heads,)
         return out
 
     def kv(self, cfg) -> LayerKV:
-        """Its paged cache per token: K and V of every kv head, or none of its own (kv_from)."""
+        """Its paged cache per token: K and V of every kv head, or none of its own (kv_from: layer kv_from's)."""
         D, nkv = self.dims(cfg)
-        return LayerKV(nkv, D, self.kv_from)
+        return LayerKV(nkv, D, shared_from=self.kv_from)
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """DeepSeek's multi-head latent attention in llama.cpp's absorbed form. q comes from attn_q_a (RMSNorm
+    attn_q_a_norm) then attn_q_b, or from attn_q alone (q_lora_rank 0); each head's q (cfg.head_dim = nope + rope
+    dims) splits into nope and rope dims. attn_kv_a_mqa gives the latent (kv_lora_rank, RMSNorm attn_kv_a_norm) and
+    one rope key shared by all heads; RoPE turns the rope dims only. attn_k_b (heads, kv_lora_rank, nope) takes each
+    head's nope query into the latent space, so the cache holds per token only [latent | roped key] (one kv head,
+    K serving as V); each head's latent output goes back through attn_v_b (heads, value_dim, kv_lora_rank) to
+    attn_output. scale: the softmax scale (YaRN's mscale^2 / sqrt(head_dim))."""
+    rope: RopeSpec
+    q_lora_rank: int
+    kv_lora_rank: int
+    value_dim: int
+    scale: float
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        H, nh, qk, r = cfg.hidden_size, cfg.num_heads, cfg.head_dim, self.rope.dim
+        lat, v = self.kv_lora_rank, self.value_dim
+        out = {"attn_kv_a_mqa.weight": (lat + r, H), "attn_kv_a_norm.weight": (lat,),
+               "attn_k_b.weight": (nh, lat, qk - r), "attn_v_b.weight": (nh, v, lat), "attn_output.weight": (H, nh * v)}
+        if self.q_lora_rank:
+            out.update({"attn_q_a.weight": (self.q_lora_rank, H), "attn_q_a_norm.weight": (self.q_lora_rank,),
+                        "attn_q_b.weight": (nh * qk, self.q_lora_rank)})
+        else:
+            out["attn_q.weight"] = (nh * qk, H)
+        return out
+
+    def kv(self, cfg) -> LayerKV:
+        """Its paged cache per token: the latent and the roped key, one row read as both K and V."""
+        return LayerKV(1, self.kv_lora_rank + self.rope.dim, v_is_k=True)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.core.kv_spec import kv_storage_dtype, layout_bytes_per_block
+from engine.core.kv_spec import LayerKV, kv_storage_dtype, layout_bytes_per_block
 from engine.worker.batch import BatchMetadata
 from engine.worker.huge_pages import small_pages, zeros_small_pages
 
@@ -24,9 +24,17 @@ class SeqChunk:
     logits: str = "last"
 
 
+def layer_cache(layer: LayerKV, num_blocks: int, block_size: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """One layer's (K, V) arrays, zeroed; the same array twice where V is K. Touched block by block while serving,
+    so in small pages (huge_pages.py)."""
+    k = zeros_small_pages(layer.block_shape(num_blocks, block_size), dtype)
+    return k, (k if layer.v_is_k else zeros_small_pages(layer.block_shape(num_blocks, block_size), dtype))
+
+
 class ModelRunner:
-    """Owns the model and its paged KV cache: one (K, V) pair per layer, shaped by the model's kv_layout; a layer that
-    reads an earlier layer's cache (Gemma 4's KV sharing) holds that layer's pair, no memory of its own."""
+    """Owns the model and its paged KV cache: one (K, V) pair per layer, shaped by the model's kv_layout (V is K,
+    one array, where the layer reads its values from its keys: MLA; a KV-shared layer holds its source layer's pair,
+    no memory of its own: Gemma 4)."""
 
     def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str = "auto"):
         self.model = model
@@ -35,12 +43,9 @@ class ModelRunner:
         dtype = np.dtype(kv_storage_dtype(kv_cache_dtype))
         self.kv_caches = []
         for layer in model.kv_layout:
-            if layer.shared_from >= 0:
-                self.kv_caches.append(self.kv_caches[layer.shared_from])
-                continue
-            shape = layer.block_shape(num_blocks, block_size)
-            # touched block by block while serving, so in small pages: huge_pages.py
-            self.kv_caches.append((zeros_small_pages(shape, dtype), zeros_small_pages(shape, dtype)))
+            shared = layer.shared_from >= 0
+            self.kv_caches.append(self.kv_caches[layer.shared_from] if shared else
+                                  layer_cache(layer, num_blocks, block_size, dtype))
 
     @staticmethod
     def kv_bytes_per_block(config, block_size: int, kv_cache_dtype: str = "auto") -> int:

@@ -5,6 +5,7 @@ a gated projection step, a dense MLP beside a MoE (26B-A4B), and a scalar on eac
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 
@@ -19,6 +20,13 @@ logger = logging.getLogger("ramlm.model")
 ROPE_THETA_LOCAL = 10000.0
 GLOBAL_HEAD_DIM = 512  # transformers' default global_head_dim
 NO_ROTATION = 1e20     # llama.cpp's rope_freqs.weight holds 1e30 for the frequencies that do not turn
+_HF_GLOBAL = {"model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
+              "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
+              "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight"}
+_HF_LAYER = {"layer_scalar": "layer_output_scale.weight", "router.scale": "ffn_gate_inp.scale",
+             "router.per_expert_scale": "ffn_down_exps.scale", "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+             "experts.down_proj": "ffn_down_exps.weight"}
+_HF_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)$")
 
 
 @register
@@ -33,14 +41,20 @@ class Gemma4(Architecture):
                     "post_feedforward_layernorm_2": "post_ffw_norm_2", "router.proj": "ffn_gate_inp",
                     "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj",
                     "post_per_layer_input_norm": "post_norm"}
-    hf_special_map = {"layer_scalar": "layer_output_scale.weight", "router.scale": "ffn_gate_inp.scale",
-                      "router.per_expert_scale": "ffn_down_exps.scale"}
-    hf_global_map = {"model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
-                     "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
-                     "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight"}
-    hf_fused_gate_up = True
     hf_tie_default = True
     hf_default_rope_theta = 1e6
+
+    def hf_tensor(self, weights, hf_name: str, src, sources: dict) -> bool:
+        """The tensors hf.LAYER_MAP cannot name: model-level PLE tensors, per-layer ones without .weight, and the
+        experts' gate_up_proj kept stacked (E, 2I, H), as llama.cpp's converter writes ffn_gate_up_exps."""
+        name = _HF_GLOBAL.get(hf_name)
+        if name is None and (m := _HF_LAYER_RE.match(hf_name)) and m[2] in _HF_LAYER:
+            name = f"blk.{m[1]}.{_HF_LAYER[m[2]]}"
+        if name is None:
+            return False
+        dtype, a = weights.source_array(src)
+        weights.add_tensor(name, weights.float_type(dtype, hf_name), a.shape, lambda a=a: a)
+        return True
 
     # ------------------------------------------------------------------------------------------- config
     def gguf_config(self, m, kw) -> None:

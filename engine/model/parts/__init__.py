@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from engine.model.parts.attention import Attention
+from engine.model.parts.mla import MLA
 from engine.model.parts.mlp import GatedMLP
 from engine.model.parts.moe import MoE
 from engine.model.parts.parallel_ffn import ParallelFFN
 from engine.model.parts.per_layer import PerLayerInput
-from engine.model.spec import AttentionSpec, GatedMLPSpec, MoESpec, ParallelFFNSpec, PerLayerInputSpec
+from engine.model.spec import AttentionSpec, GatedMLPSpec, MLASpec, MoESpec, ParallelFFNSpec, PerLayerInputSpec
 
-PART_CLASSES = {AttentionSpec: Attention, GatedMLPSpec: GatedMLP, MoESpec: MoE, ParallelFFNSpec: ParallelFFN,
+PART_CLASSES = {AttentionSpec: Attention, GatedMLPSpec: GatedMLP, MoESpec: MoE, MLASpec: MLA, ParallelFFNSpec: ParallelFFN,
                 PerLayerInputSpec: PerLayerInput}
 
 

@@ -1,5 +1,5 @@
 """Self-attention over the paged KV cache (spec.AttentionSpec): q/k/v projections (stacked where they can be),
-optional QK-norm and bias, RoPE, a sliding window, a softcap; Gemma 4's V norm, V taken from the k projection
+optional QK-norm and biases, RoPE, a sliding window, a softcap, attention sinks; Gemma 4's V norm, V taken from the k projection
 (k_eq_v), and layers that compute q only and attend over an earlier layer's cache (kv_from: the decoder hands them
 that layer's K/V)."""
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from cpu_kernels import attention, attention_sdpa, rope
+from cpu_kernels.attention import NO_SINKS
 from cpu_kernels.attn_inputs import attn_inputs, q_inputs
 from cpu_kernels.quant.threads import serial_if, serial_work
 from engine.model.parts.base import Part, packed_linears
@@ -25,7 +26,11 @@ class Attention(Part):
         for k in own:
             bias = prefix + f"attn_{k}.bias" if spec.qkv_bias else None
             setattr(self, k, Linear(ws, self.names[k], bias, bi))
-        self.o = Linear(ws, self.names["o"], None, bi)
+        self.o = Linear(ws, self.names["o"], prefix + "attn_output.bias" if spec.o_bias else None, bi)
+        # f32 (Hq,), a writable copy: a read-only view of the file would be another kernel signature
+        self.sinks = np.array(vector(ws, prefix + "attn_sinks.weight"), np.float32) if spec.sinks else None
+        if self.sinks is not None and self.sinks.shape != (cfg.num_heads,):
+            raise ValueError(f"{prefix}attn_sinks.weight: {self.sinks.shape} is not one logit per head ({cfg.num_heads})")
         self.q_norm = RMSNorm(ws, prefix + "attn_q_norm.weight", cfg.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(ws, prefix + "attn_k_norm.weight", cfg.rms_norm_eps) \
             if spec.qk_norm and not self.shared_kv else None
@@ -43,12 +48,7 @@ class Attention(Part):
         self.qkv = Projections(self, own)
 
     def rope_table(self, meta) -> tuple[np.ndarray, np.ndarray]:
-        """cos/sin of the step's positions: computed by the first layer with this RoPE, shared by the rest."""
-        key = ("rope", id(self.inv_freq), self.mscale)
-        table = meta.step_cache.get(key)
-        if table is None:
-            table = meta.step_cache[key] = rope.rope_cos_sin(meta.positions, self.inv_freq, self.mscale)
-        return table
+        return step_rope_table(meta, self.inv_freq, self.mscale)
 
     def __call__(self, x: np.ndarray, meta, kv) -> np.ndarray:
         t, rows = x.shape[0], meta.rows
@@ -69,14 +69,14 @@ class Attention(Part):
         # Work ~ query rows x context x heads x head_dim (a decode over a short context is tiny).
         work = t * meta.max_seq_len * self.num_heads * self.head_dim
         long_seqs = None if self.batch_invariant or rows is None else rows.bf16_attention(x)
-        if long_seqs is not None and not self.softcap and attention_sdpa.enabled():
+        if long_seqs is not None and not self.softcap and self.sinks is None and attention_sdpa.enabled():
             out = attention_sdpa.mixed_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                                  meta.block_tables, self.scale, self.sliding_window, long_seqs)
         else:
             with serial_if(work < serial_work()):
                 out = attention.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                                 meta.block_tables, self.scale, self.sliding_window, self.softcap,
-                                                long_seqs)
+                                                long_seqs, self.sinks)
         return self.o(out.reshape(t, self.num_heads * self.head_dim), rows)
 
     def fused(self):
@@ -88,6 +88,7 @@ class Attention(Part):
         groups = [lin for lin, _ in self.qkv.groups]
         qn = norm_args(self.q_norm)
         f = (float(self.scale), float(self.softcap or 0.0))
+        sinks = self.sinks if self.sinks is not None else NO_SINKS
         if self.shared_kv:
             (gq, q0), = where
             lins = (groups[gq], self.o)
@@ -98,7 +99,7 @@ class Attention(Part):
                 tuple(int(lin.weight.nbytes) for lin in lins),
                 tuple(lin.bias if lin.bias is not None else NO_NORM for lin in lins),
                 (q0, int(self.num_heads), int(self.head_dim), int(bool(self.neox))), np.ascontiguousarray(qn[0]),
-                (qn[1], *f), int(self.sliding_window or 0))
+                (qn[1], *f), int(self.sliding_window or 0), sinks)
         (gq, q0), (gk, k0) = where[:2]
         gv, v0 = where[2] if len(where) > 2 else (gk, k0)  # k_eq_v: V is read from k's columns
         lins = (groups[gq], groups[gk], groups[gv], self.o)
@@ -113,13 +114,22 @@ class Attention(Part):
             tuple(lin.bias if lin.bias is not None else NO_NORM for lin in lins),
             (k_src, v_src, q0, k0, v0, int(self.num_heads), int(bool(self.neox))),
             (np.ascontiguousarray(qn[0]), np.ascontiguousarray(kn[0]), np.ascontiguousarray(vn[0])),
-            (qn[1], kn[1], *f, vn[1]), int(self.sliding_window or 0))
+            (qn[1], kn[1], *f, vn[1]), int(self.sliding_window or 0), sinks)
 
     def to_device(self, conv, lp, kv_cache):
         from gpu_kernels.modules import DeviceAttention
         leaves = {k: conv.leaf(getattr(self, k), name, lp) for k, name in self.names.items()}
         return DeviceAttention(self, leaves["q"], leaves.get("k"), leaves.get("v"), leaves["o"], conv.norm(self.q_norm),
                                conv.norm(self.k_norm), conv.ctx, kv_cache=kv_cache, kv_on_host=lp.kv_device == "cpu")
+
+
+def step_rope_table(meta, inv_freq: np.ndarray, mscale: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin of the step's positions: computed by the first layer with this RoPE, shared by the rest."""
+    key = ("rope", id(inv_freq), mscale)
+    table = meta.step_cache.get(key)
+    if table is None:
+        table = meta.step_cache[key] = rope.rope_cos_sin(meta.positions, inv_freq, mscale)
+    return table
 
 
 def rope_tables(rotary_dim: int, spec: RopeSpec, ws=None) -> tuple[np.ndarray, float]:
