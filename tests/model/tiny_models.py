@@ -99,7 +99,11 @@ def tiny_model(arch: str, seed: int = 0):
     # Random init is tiny (std 0.02): scale norms and weights up so that logits spread and errors show.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("router.scale"):
+            if arch.startswith("gemma4") and name.endswith(("q_norm.weight", "k_norm.weight")):
+                # Gemma 4 scores q.k unscaled (scale 1): norms of ~0.4 keep them near unit spread, as trained models
+                # do, instead of a near-argmax softmax that int8 activations flip (llama.cpp's too)
+                p.normal_(0.4, 0.05)
+            elif "norm" in name or name.endswith("router.scale"):
                 p.normal_(0.0 if arch == "gemma3" else 1.0, 0.1)
             elif name.endswith("sinks"):  # per-head logits in the score range: some heads give them real weight
                 p.normal_(0.0, 1.0)
