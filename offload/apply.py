@@ -89,7 +89,7 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
     originals = (list(model.blocks), model.lm_head) if keep_originals else None
     kv_dtype = getattr(torch, kv_storage_dtype(kv_cache_dtype))
     layout = model.kv_layout  # each layer's cache (V is K for MLA: one tensor; none of its own for a KV-shared layer)
-    _check_shared_kv(plan, layout)
+    _check_shared_kv(plan.layers, layout)
     patches, runner_kv, device_kv = [], {}, {}
     with torch.no_grad():
         for lp in plan.layers:
@@ -150,14 +150,16 @@ def bind_runner(runner, model) -> int:
     return n
 
 
-def _check_shared_kv(plan: PlacementPlan, layout) -> None:
-    """A KV-shared layer reads its source layer's cache, so both must keep it on the same device."""
-    where = {lp.index: lp.kv_device if lp.device != "cpu" else "cpu" for lp in plan.layers}
+def _check_shared_kv(layers, layout) -> None:
+    """A KV-shared layer reads its source layer's cache: from the device, or (a GPU layer over a source in RAM) from
+    RAM through the host attention path; a CPU-side reader of a device cache is refused."""
+    where = {lp.index: lp.kv_device if lp.device != "cpu" else "cpu" for lp in layers}
     for i, kv in enumerate(layout):
-        if kv.shared_from >= 0 and where.get(i) != where.get(kv.shared_from):
-            raise ValueError(f"layer {i} reads layer {kv.shared_from}'s KV cache (KV sharing) but the plan keeps "
-                             f"them on {where.get(i)} and {where.get(kv.shared_from)}; place both layers' KV alike "
-                             "(e.g. --n-gpu-layers covering both, or --kv-offload)")
+        src = kv.shared_from
+        if src >= 0 and where.get(src, "cpu") != "cpu" and where.get(i) != where.get(src):
+            raise ValueError(f"layer {i} reads layer {src}'s KV cache (KV sharing), which the plan keeps on "
+                             f"{where[src]}, but layer {i} reads its KV from {where.get(i)}; place both alike "
+                             "(--n-gpu-layers counts the last layers, so it covers both; or --kv-offload)")
 
 
 def own_caches(kv_caches: list) -> dict:

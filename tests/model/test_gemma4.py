@@ -1,0 +1,188 @@
+"""Gemma 4 beyond the registry walk (test_architectures / test_block_paths run both tiny models): the GGUF keys and
+tensors llama.cpp's gemma4 loader reads, the per-layer caches (KV-shared layers hold none and are counted so), a full
+multimodal `gemma4` checkpoint loading its text model, and what is refused."""
+from __future__ import annotations
+
+import logging
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from engine.core.kv_spec import LayerKV
+from engine.errors import ModelLoadError
+from engine.model.gguf import open_gguf
+from engine.model.gguf_export import default_qtype, write_gguf
+from engine.model.info import format_info, model_info
+from engine.model.loader import load_model
+from engine.model.weights import open_weights
+from engine.worker.runner import ModelRunner
+from tests.model.test_architectures import PROMPTS, rel_err, run_batched, run_incremental
+from tests.model.tiny_models import hf_logits, tiny_config, tiny_model
+
+Q = gguf.GGMLQuantizationType
+
+
+def _save(model, folder) -> str:
+    model.save_pretrained(folder, safe_serialization=True)
+    return str(folder)
+
+
+def _export(folder, path, qtype=None) -> str:
+    ws = open_weights(folder)
+    write_gguf(path, ws.config, {n: np.asarray(ws.raw(n), np.float32) for n in ws.names()}, qtype)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    """The PLE / KV-sharing model's HF folder."""
+    return _save(tiny_model("gemma4"), tmp_path_factory.mktemp("gemma4"))
+
+
+def test_gguf_holds_llama_cpp_keys_and_tensors(dense, tmp_path):
+    gf = open_gguf(_export(dense, str(tmp_path / "q8.gguf"), default_qtype(Q.Q8_0)))
+    md = {k.removeprefix("gemma4."): v for k, v in gf.metadata.items() if k.startswith("gemma4.")}
+    want = {"attention.key_length": 64, "attention.value_length": 64, "attention.key_length_swa": 32,
+            "attention.value_length_swa": 32, "rope.dimension_count": 64, "rope.dimension_count_swa": 32,
+            "attention.sliding_window": 5, "attention.shared_kv_layers": 2, "embedding_length_per_layer_input": 32,
+            "attention.head_count": 4, "block_count": 6}
+    assert {k: md[k] for k in want} == want
+    assert md["rope.freq_base"] == pytest.approx(1e6) and md["rope.freq_base_swa"] == pytest.approx(1e4)
+    assert md["final_logit_softcapping"] == pytest.approx(30.0)
+    assert list(md["attention.sliding_window_pattern"]) == [True, True, True, False, True, False]
+    assert list(md["attention.head_count_kv"]) == [2, 2, 2, 1, 2, 1]   # full layers: num_global_key_value_heads
+    assert list(md["feed_forward_length"]) == [512] * 4 + [1024] * 2  # double-wide MLP on the KV-shared layers
+    names = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH.GEMMA4]}
+    for n in gf.tensors:  # every tensor is one llama.cpp's gemma4 loader names
+        base = n.split(".")[2] if n.startswith("blk.") else n.rsplit(".", 1)[0]
+        assert any(t.split(".")[-1] == base for t in names), n
+    t = gf.tensors
+    assert "blk.3.attn_k.weight" in t and "blk.3.attn_v.weight" not in t      # k_eq_v: V is K's projection
+    assert "blk.2.attn_v.weight" in t                                          # sliding layers keep theirs
+    assert not any(f"blk.{i}.attn_{p}" in n for i in (4, 5) for p in ("k.", "v.", "k_norm") for n in t)  # KV-shared
+    assert t["blk.3.attn_k.weight"].shape == (64, 256) and t["blk.0.attn_k.weight"].shape == (64, 256)
+    assert t["per_layer_token_embd.weight"].shape == (256, 6 * 32)
+    assert t["per_layer_model_proj.weight"].shape == (6 * 32, 256)
+    assert t["blk.0.layer_output_scale.weight"].shape == (1,)
+    # proportional RoPE as llama.cpp holds it: int(0.25 * 64 / 2) = 8 turning pairs, the rest 1e30 (no rotation)
+    np.testing.assert_array_equal(gf.raw("rope_freqs.weight"), np.array([1.0] * 8 + [1e30] * 24, np.float32))
+
+
+def test_moe_gguf_keeps_llama_cpps_expert_layout(tmp_path):
+    folder = _save(tiny_model("gemma4-moe"), tmp_path / "hf")
+    gf = open_gguf(_export(folder, str(tmp_path / "moe.gguf")))
+    t, md = gf.tensors, gf.metadata
+    assert t["blk.0.ffn_gate_up_exps.weight"].shape == (8, 2 * 128, 256)  # gate rows first, then up (kept fused)
+    assert t["blk.0.ffn_down_exps.weight"].shape == (8, 256, 128)
+    assert t["blk.0.ffn_down_exps.scale"].shape == (8,) and t["blk.0.ffn_gate_inp.scale"].shape == (256,)
+    for n in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2", "ffn_gate", "ffn_up", "ffn_down"):
+        assert f"blk.1.{n}.weight" in t, n
+    assert (md["gemma4.expert_count"], md["gemma4.expert_used_count"]) == (8, 2)
+    assert md["gemma4.expert_feed_forward_length"] == 128
+
+
+def test_block_spec_tensors_are_the_exported_ones(dense, tmp_path):
+    """Synthetic files and the planner's shapes come from the BlockSpecs: the very names and shapes of a file
+    exported from an HF checkpoint (rope_freqs included)."""
+    from engine.model.tensors import tensor_shapes
+    for arch, folder in (("gemma4", dense), ("gemma4-moe", _save(tiny_model("gemma4-moe"), tmp_path / "moe"))):
+        gf = open_gguf(_export(folder, str(tmp_path / f"{arch}.gguf")))
+        ws = open_weights(folder)
+        want = {n: tuple(gf.tensors[n].shape) for n in gf.tensors if n != "output.weight"}
+        assert tensor_shapes(ws.config) == want, arch
+
+
+def test_kv_shared_layers_hold_no_cache_and_are_counted_so(dense):
+    model, cfg = load_model(dense)
+    sliding, full = LayerKV(2, 32), LayerKV(1, 64)
+    assert model.kv_layout == (sliding, sliding, sliding, full, LayerKV(2, 32, shared_from=2),
+                               LayerKV(1, 64, shared_from=3))
+    runner = ModelRunner(model, num_blocks=5, block_size=16, kv_cache_dtype="auto")
+    assert runner.kv_caches[4] is runner.kv_caches[2] and runner.kv_caches[5] is runner.kv_caches[3]
+    assert runner.kv_caches[3][0].shape == (5, 16, 1, 64) and runner.kv_caches[0][0].shape == (5, 16, 2, 32)
+    assert runner.kv_caches[3][0] is not runner.kv_caches[3][1]  # k_eq_v still caches V (normed, not roped)
+    per_block = 16 * 2 * 2 * (3 * 2 * 32 + 1 * 64)  # fp16 K and V of the four layers that own a cache
+    assert ModelRunner.kv_bytes_per_block(cfg, 16) == per_block
+    info = model_info(dense)
+    assert info["kv_bytes_per_1k_tokens"] == per_block * 1024 // 16 and info["kv_shared_layers"] == 2
+    text = format_info(info)
+    assert "2 layers read the K/V of earlier layers and hold none" in text
+    assert "full layers: 1 kv heads, head_dim 64" in text
+    from offload import model_meta
+    meta = model_meta(model.weights)
+    assert [meta.layer_kv_bytes(i, 16, "auto") for i in range(6)] == [4096] * 4 + [0, 0]
+
+
+def test_planner_counts_each_layers_own_cache():
+    """gemma-4-26b-a4b's shape: 25 sliding layers of 8 x 256 and 5 full ones of 2 x 512 (K and V each)."""
+    from offload.meta import synthetic_meta
+    meta = synthetic_meta("gemma4-26b-a4b", "q4_k_m")
+    per_layer = [meta.layer_kv_bytes(i, 16, "fp16") for i in range(30)]
+    assert per_layer.count(2 * 16 * 8 * 256 * 2) == 25 and per_layer.count(2 * 16 * 2 * 512 * 2) == 5
+    assert meta.kv == LayerKV(8, 256)  # the largest layer's, where one figure is shown
+
+
+def _multimodal(tmp_path):
+    """A full Gemma4ForConditionalGeneration (text model of tiny_model("gemma4"), a one-layer vision tower)."""
+    text = tiny_model("gemma4")
+    vision = transformers.Gemma4VisionConfig(hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+                                             num_attention_heads=2, num_key_value_heads=2, head_dim=16)
+    cfg = transformers.Gemma4Config(text_config=tiny_config("gemma4").to_dict(), vision_config=vision.to_dict(),
+                                    audio_config=None)
+    cfg._attn_implementation = "eager"
+    mm = transformers.Gemma4ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        mm.model.language_model.load_state_dict(text.model.state_dict())
+    return _save(mm, tmp_path / "mm"), mm
+
+
+def test_full_checkpoint_loads_its_text_model_and_says_what_it_skips(tmp_path, caplog):
+    folder, mm = _multimodal(tmp_path)
+    with caplog.at_level(logging.INFO, logger="ramlm.model"):
+        model, cfg = load_model(folder)
+    assert cfg.arch == "gemma4" and cfg.per_layer_input_size == 32 and cfg.kv_shared_layers == 2
+    assert any("skipping its vision" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    with torch.no_grad():
+        refs = [mm(input_ids=torch.tensor([p])).logits[0].float().numpy() for p in PROMPTS]
+    for got, ref in zip(run_batched(model, PROMPTS), refs):
+        assert rel_err(got, ref) < 2e-3
+    assert rel_err(run_incremental(model, PROMPTS[0], 4), refs[0]) < 2e-3
+
+
+def test_bidirectional_attention_is_refused(tmp_path):
+    cfg = tiny_config("gemma4-moe")
+    cfg.use_bidirectional_attention = "all"
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with pytest.raises(ModelLoadError, match="use_bidirectional_attention"):
+        load_model(_save(model, tmp_path / "bidi"))
+
+
+def test_a_cpu_reader_of_a_device_kv_cache_is_refused(dense):
+    """Layer 4 reads layer 2's cache: a GPU layer may read it from RAM (host attention), a CPU layer cannot read
+    a device cache."""
+    from offload.apply import _check_shared_kv
+    from offload.plan_types import LayerPlan
+    model, _ = load_model(dense)
+
+    def plan(gpu):
+        return [LayerPlan(i, "cuda:0" if i in gpu else "cpu", "device", "packed", "cuda:0" if i in gpu else "cpu")
+                for i in range(6)]
+    _check_shared_kv(plan({4, 5}), model.kv_layout)        # the last layers on the GPU (llama.cpp's order)
+    _check_shared_kv(plan(set(range(6))), model.kv_layout)
+    with pytest.raises(ValueError, match="layer 4 reads layer 2's KV cache"):
+        _check_shared_kv(plan({2, 3}), model.kv_layout)
+
+
+def test_gpu_kv_shared_layers_over_sources_in_ram_match_the_kernels(dense):
+    """n_gpu_layers 2: the KV-shared layers 4 and 5 run as torch twins (torch's CPU device) over the numpy caches
+    their sources (CPU layers 2 and 3) write."""
+    from tests.model.test_block_paths import _decode
+    from tests.offload.helpers import placed
+    model, _ = load_model(dense)
+    plain = _decode(ModelRunner(model, num_blocks=12, block_size=4, kv_cache_dtype="fp32"))
+    model, runner, plan, _ = placed(dense, n_gpu_layers=2)
+    assert plan.gpu_layers() == [4, 5]
+    assert rel_err(_decode(runner), plain) < 1e-4
