@@ -70,6 +70,15 @@ SHAPES = {
                            final_logit_softcap=30.0, attn_scale=1.0, hidden_act="gelu_tanh", rms_norm_eps=1e-6,
                            max_position_embeddings=262144, tie_word_embeddings=True, num_experts=128,
                            num_experts_per_tok=8, moe_intermediate_size=704),
+    # every Gemma 4 feature at once: per-layer embeddings, two KV-shared (double-wide) layers, full layers of their own
+    # head_dim with V = K's projection, and the MoE beside the dense MLP
+    "tiny-gemma4": dict(arch="gemma4", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=6,
+                        num_heads=4, num_kv_heads=2, head_dim=64, head_dim_global=128, num_kv_heads_global=1,
+                        attn_k_eq_v=True, rope_pairs_global=16, rope_theta=1e6, rope_theta_local=1e4,
+                        layer_sliding_window=(8, 8, 8, 0, 8, 0), final_logit_softcap=30.0, attn_scale=1.0,
+                        hidden_act="gelu_tanh", rms_norm_eps=1e-6, max_position_embeddings=2048,
+                        tie_word_embeddings=True, per_layer_input_size=32, kv_shared_layers=2, double_wide_mlp=True,
+                        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256),
     "tiny-llama": dict(arch="llama", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
                        num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=2048),
     "tiny-moe": dict(arch="qwen3moe", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,

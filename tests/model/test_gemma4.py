@@ -186,3 +186,22 @@ def test_gpu_kv_shared_layers_over_sources_in_ram_match_the_kernels(dense):
     model, runner, plan, _ = placed(dense, n_gpu_layers=2)
     assert plan.gpu_layers() == [4, 5]
     assert rel_err(_decode(runner), plain) < 1e-4
+
+
+def test_synthetic_gemma4_file_loads_and_decodes(tmp_path):
+    """bench/make_synthetic's tiny-gemma4 (every feature at once): the file's tensors are the BlockSpecs', rope_freqs
+    holds proportional RoPE's values, and it loads and decodes."""
+    from bench.make_synthetic import write_synthetic
+    from engine.worker.runner import SeqChunk
+    path = str(tmp_path / "tiny-gemma4.gguf")
+    write_synthetic(path, "tiny-gemma4", "q4_k_m")
+    gf = open_gguf(path)
+    np.testing.assert_array_equal(gf.raw("rope_freqs.weight"), np.array([1.0] * 16 + [1e30] * 48, np.float32))
+    assert gf.tensors["blk.5.ffn_gate.weight"].shape[0] == 1024 and "blk.5.attn_k.weight" not in gf.tensors
+    model, cfg = load_model(path)
+    assert (cfg.rope_pairs_global, cfg.kv_shared_layers, cfg.double_wide_mlp) == (16, 2, True)
+    assert cfg.attn_k_eq_v and cfg.num_experts == 8 and cfg.per_layer_input_size == 32
+    runner = ModelRunner(model, num_blocks=6, block_size=16)
+    out = runner.execute([SeqChunk(tuple(range(5, 30)), 0, (1, 2), "all")])[0]
+    out = np.concatenate([out, runner.execute([SeqChunk((7,), 25, (1, 2), "last")])[0]])
+    assert out.shape == (26, cfg.vocab_size) and np.isfinite(out).all()
