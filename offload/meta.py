@@ -60,7 +60,7 @@ class ModelMeta:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     tensors: tuple[TensorMeta, ...] = ()
-    kv_layout: tuple[LayerKV, ...] = ()  # each layer's paged cache (Architecture.kv_layout); (): K and V of the kv heads
+    kv_layout: tuple[LayerKV, ...] = ()  # each layer's paged cache (Architecture.kv_layout); (): the kv heads' K, V
 
     def layer_kv_bytes(self, layer: int, block_size: int, kv_cache_dtype: str) -> int:
         """One block's cache in `layer` (0 for a layer reading another layer's cache: Gemma 4's KV sharing)."""

@@ -20,7 +20,7 @@ from engine.model.loader import load_model
 from engine.model.weights import open_weights
 from engine.worker.runner import ModelRunner
 from tests.model.test_architectures import PROMPTS, rel_err, run_batched, run_incremental
-from tests.model.tiny_models import hf_logits, tiny_config, tiny_model
+from tests.model.tiny_models import tiny_config, tiny_model
 
 Q = gguf.GGMLQuantizationType
 
@@ -144,7 +144,8 @@ def test_full_checkpoint_loads_its_text_model_and_says_what_it_skips(tmp_path, c
     with caplog.at_level(logging.INFO, logger="ramlm.model"):
         model, cfg = load_model(folder)
     assert cfg.arch == "gemma4" and cfg.per_layer_input_size == 32 and cfg.kv_shared_layers == 2
-    assert any("skipping its vision" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("skipping its vision" in msg for msg in logged), logged
     with torch.no_grad():
         refs = [mm(input_ids=torch.tensor([p])).logits[0].float().numpy() for p in PROMPTS]
     for got, ref in zip(run_batched(model, PROMPTS), refs):
@@ -205,3 +206,16 @@ def test_synthetic_gemma4_file_loads_and_decodes(tmp_path):
     out = runner.execute([SeqChunk(tuple(range(5, 30)), 0, (1, 2), "all")])[0]
     out = np.concatenate([out, runner.execute([SeqChunk((7,), 25, (1, 2), "last")])[0]])
     assert out.shape == (26, cfg.vocab_size) and np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("key,value,what", [
+    ("attention.head_count_kv", [2, 1, 2, 1, 2, 1], "varies within a layer type"),
+    ("feed_forward_length", [512, 768, 512, 512, 1024, 1024], "neither one width nor the double-wide"),
+    ("attention.value_length", 32, "value_length or rope.dimension_count != key_length")])
+def test_gguf_layouts_it_cannot_run_are_refused(dense, tmp_path, monkeypatch, key, value, what):
+    from engine.model.archs.gemma4 import Gemma4
+    own = Gemma4.gguf_metadata
+    monkeypatch.setattr(Gemma4, "gguf_metadata", lambda self, cfg: {**own(self, cfg), key: value})
+    path = _export(dense, str(tmp_path / "odd.gguf"))
+    with pytest.raises(ModelLoadError, match=what):
+        load_model(path)

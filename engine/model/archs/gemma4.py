@@ -4,7 +4,6 @@ k projection) under proportional RoPE, the last layers reading the K/V of earlie
 a gated projection step, a dense MLP beside a MoE (26B-A4B), and a scalar on each block's output."""
 from __future__ import annotations
 
-import logging
 import re
 
 import numpy as np
@@ -16,7 +15,6 @@ from engine.model.registry import register
 from engine.model.spec import (AttentionSpec, BlockSpec, GatedMLPSpec, MoESpec, ParallelFFNSpec, PerLayerEmbeddingSpec,
                                PerLayerInputSpec, Residual, RopeSpec)
 
-logger = logging.getLogger("ramlm.model")
 ROPE_THETA_LOCAL = 10000.0
 GLOBAL_HEAD_DIM = 512  # transformers' default global_head_dim
 NO_ROTATION = 1e20     # llama.cpp's rope_freqs.weight holds 1e30 for the frequencies that do not turn
@@ -73,13 +71,22 @@ class Gemma4(Architecture):
         if m.num("rope.dimension_count_swa", head_dim) != head_dim:
             raise ModelLoadError(f"{path}: partial RoPE on sliding layers (rope.dimension_count_swa) is not supported")
         g = kw["head_dim"]  # key_length: the full layers' head_dim
-        sliding = [heads_kv[i] for i in range(n) if not full[i]] or heads_kv
-        kw.update(head_dim=head_dim, head_dim_global=g, num_kv_heads=sliding[0],
-                  num_kv_heads_global=next((heads_kv[i] for i in range(n) if full[i]), 0), rope_dim=0, rope_theta_local=m.num("rope.freq_base_swa", ROPE_THETA_LOCAL, kind=float),
+        if m.num("attention.value_length", g) != g or m.num("rope.dimension_count", g) != g:
+            raise ModelLoadError(f"{path}: full layers with value_length or rope.dimension_count != key_length are "
+                                 "not supported (llama.cpp's gemma4 turns partial RoPE into rope_freqs)")
+        kinds = [{heads_kv[i] for i in range(n) if full[i] == f} for f in (False, True)]
+        if len(kinds[0]) > 1 or len(kinds[1]) > 1:
+            raise ModelLoadError(f"{path}: attention.head_count_kv {heads_kv} varies within a layer type")
+        double = shared > 0 and ffn[-1] == 2 * ffn[0]
+        if ffn != [ffn[0] * (2 if double and i >= n - shared else 1) for i in range(n)]:
+            raise ModelLoadError(f"{path}: feed_forward_length {ffn} is neither one width nor the double-wide MLP "
+                                 "of the KV-shared layers")
+        kw.update(head_dim=head_dim, head_dim_global=g, num_kv_heads=min(kinds[0] or kinds[1]),
+                  num_kv_heads_global=min(kinds[1], default=0), rope_dim=0,
+                  rope_theta_local=m.num("rope.freq_base_swa", ROPE_THETA_LOCAL, kind=float),
                   layer_sliding_window=tuple(0 if f else window for f in full), kv_shared_layers=shared,
-                  double_wide_mlp=shared > 0 and ffn[-1] == 2 * ffn[0],
-                  per_layer_input_size=m.num("embedding_length_per_layer_input", 0), attn_scale=1.0,
-                  intermediate_size=ffn[0], hidden_act="gelu_tanh",
+                  double_wide_mlp=double, per_layer_input_size=m.num("embedding_length_per_layer_input", 0),
+                  attn_scale=1.0, intermediate_size=ffn[0], hidden_act="gelu_tanh",
                   attn_k_eq_v=any(full[i] and f"blk.{i}.attn_v.weight" not in m.gf.tensors for i in range(n - shared)),
                   rope_pairs_global=_turning_pairs(m.gf, g))
         if "blk.0.ffn_gate_inp.weight" in m.gf.tensors:

@@ -9,8 +9,8 @@ from engine.model.parts.parallel_ffn import ParallelFFN
 from engine.model.parts.per_layer import PerLayerInput
 from engine.model.spec import AttentionSpec, GatedMLPSpec, MLASpec, MoESpec, ParallelFFNSpec, PerLayerInputSpec
 
-PART_CLASSES = {AttentionSpec: Attention, GatedMLPSpec: GatedMLP, MoESpec: MoE, MLASpec: MLA, ParallelFFNSpec: ParallelFFN,
-                PerLayerInputSpec: PerLayerInput}
+PART_CLASSES = {AttentionSpec: Attention, GatedMLPSpec: GatedMLP, MoESpec: MoE, MLASpec: MLA,
+                ParallelFFNSpec: ParallelFFN, PerLayerInputSpec: PerLayerInput}
 
 
 def build_part(spec, ws, cfg, prefix: str, batch_invariant: bool, shared: dict):

@@ -1,7 +1,7 @@
 """Self-attention over the paged KV cache (spec.AttentionSpec): q/k/v projections (stacked where they can be),
-optional QK-norm and biases, RoPE, a sliding window, a softcap, attention sinks; Gemma 4's V norm, V taken from the k projection
-(k_eq_v), and layers that compute q only and attend over an earlier layer's cache (kv_from: the decoder hands them
-that layer's K/V)."""
+optional QK-norm and biases, RoPE, a sliding window, a softcap, attention sinks; Gemma 4's V norm, V taken from the
+k projection (k_eq_v), and layers that compute q only and attend over an earlier layer's cache (kv_from: the decoder
+hands them that layer's K/V)."""
 from __future__ import annotations
 
 import numpy as np
