@@ -219,3 +219,18 @@ def test_gguf_layouts_it_cannot_run_are_refused(dense, tmp_path, monkeypatch, ke
     path = _export(dense, str(tmp_path / "odd.gguf"))
     with pytest.raises(ModelLoadError, match=what):
         load_model(path)
+
+
+@pytest.mark.parametrize("arch", ["gemma4", "gemma4-moe"])
+def test_bf16_checkpoint_matches_transformers_on_its_weights(arch, tmp_path):
+    """Released checkpoints are bf16: the vectors without .weight (layer_scalar, router.scale, per_expert_scale)
+    and the stacked experts are read from bf16 too."""
+    hf = tiny_model(arch)
+    folder = _save(hf.to(torch.bfloat16), tmp_path / "bf16")
+    hf = hf.to(torch.float32)  # the bf16-rounded weights, computed in float32 as ramlm does
+    model, _ = load_model(folder)
+    assert model.weights.info("blk.0.layer_output_scale.weight").ggml_type == Q.BF16
+    with torch.no_grad():
+        refs = [hf(torch.tensor([p])).logits[0].numpy() for p in PROMPTS]
+    for got, ref in zip(run_batched(model, PROMPTS), refs):
+        assert rel_err(got, ref) < 2e-3, arch
