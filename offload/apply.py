@@ -99,9 +99,11 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
                     patches += conv.patch_cpu_block(model.blocks[i], i, lp)
                 continue
             kv = None
+            states = model.state_shapes(i, model.num_state_slots)  # a linear-attention layer: its state pools
             if lp.kv_device != "cpu":
-                kv = (torch.zeros(kv_shape, dtype=kv_dtype, device=ctx.device),
-                      torch.zeros(kv_shape, dtype=kv_dtype, device=ctx.device))
+                kv = tuple(torch.zeros(shape, dtype=torch.float32, device=ctx.device) for shape in states) or \
+                    (torch.zeros(kv_shape, dtype=kv_dtype, device=ctx.device),
+                     torch.zeros(kv_shape, dtype=kv_dtype, device=ctx.device))
                 device_kv[i] = kv
                 if runner is not None:
                     runner_kv[i] = runner.kv_caches[i]

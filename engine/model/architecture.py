@@ -19,6 +19,8 @@ class Architecture:
     hf_layer_map: dict[str, str] = {}    # per-layer HF module -> GGUF tensor base, beside hf.LAYER_MAP
     hf_permute_qk: bool = False          # Q/K rows permuted as llama.cpp's converter does for llama
     hf_norm_offset: float = 0.0          # added to every RMSNorm weight (Gemma stores w, GGUF holds 1 + w)
+    hf_plain_norms: tuple[str, ...] = () # GGUF norm names hf_norm_offset leaves alone (stored plain in HF too)
+    hf_special_map: dict[str, str] = {}  # per-layer HF tensors named without .weight/.bias -> GGUF names
     hf_tie_default: bool = False         # tie_word_embeddings when config.json does not say
     hf_default_rope_theta: float = 10000.0
 
@@ -27,6 +29,16 @@ class Architecture:
 
     def hf_config(self, cfg: dict, kw: dict[str, Any], need) -> None:
         """Reads this architecture's own config.json keys into ModelConfig fields (need(key): a required key)."""
+
+    def hf_rename(self, name: str, cfg) -> str:
+        """An HF tensor name (language-model prefixes already stripped) as the generic maps should see it (Qwen3.5
+        moves its mtp.* tensors to the layer after the main ones); cfg: the ModelConfig read from config.json."""
+        return name
+
+    def hf_transform(self, name: str, shape: tuple[int, ...], cfg):
+        """(GGUF shape, fn) when the HF tensor for GGUF `name` needs llama.cpp's converter's value transform (fn maps
+        the float32 array), else None."""
+        return None
 
     def hf_layer_windows(self, cfg: dict, num_layers: int) -> tuple[int, ...]:
         """Per layer sliding window from config.json when it has no layer_types (0 = full attention)."""

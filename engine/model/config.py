@@ -44,6 +44,14 @@ class ModelConfig:
     rope_dim: int = 0                   # rotated dims of a head (partial rotary); 0 = head_dim
     attn_bias: bool = False             # q/k/v biases
     qk_norm: bool = False               # per-head RMSNorm of q and k before RoPE
+    shared_expert_intermediate_size: int = 0  # one shared expert this wide (qwen3.5; else expert_shared_count)
+    # Linear attention (Gated DeltaNet, qwen3.5): which layers, and the geometry of their per-sequence state
+    linear_layers: tuple[int, ...] = ()  # layers that are linear attention (the others full attention)
+    ssm_conv_kernel: int = 0             # the causal conv1d's width
+    ssm_num_k_heads: int = 0             # query/key heads (GGUF ssm.group_count)
+    ssm_num_v_heads: int = 0             # value heads (ssm.time_step_rank)
+    ssm_k_head_dim: int = 0              # (ssm.state_size)
+    ssm_v_head_dim: int = 0              # (ssm.inner_size / value heads)
     # Multi-token-prediction layers after the main ones (kept in the file, not run by the decoder)
     nextn_layers: int = 0
     # Tokens

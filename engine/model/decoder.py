@@ -14,6 +14,8 @@ from engine.model.parts.linear import Linear, has
 from engine.model.parts.norm import RMSNorm
 from engine.worker.batch import BatchMetadata, RowGroups
 
+DEFAULT_STATE_SLOTS = 8
+
 
 class DecoderModel:
     """blocks: callables (x, meta, kv) -> x, one per layer (the offload layer may replace some by torch twins)."""
@@ -27,8 +29,11 @@ class DecoderModel:
         tied = config.tie_word_embeddings or not has(ws, "output.weight")
         self.lm_head = self.embed if tied else Linear(ws, "output.weight", None, batch_invariant)
         shared: dict = {}  # what layers share (RoPE tables)
-        self.blocks = [Block(arch.block(config, i), ws, config, i, batch_invariant, shared)
-                       for i in range(config.num_layers)]
+        self.specs = [arch.block(config, i) for i in range(config.num_layers)]
+        self.blocks = [Block(spec, ws, config, i, batch_invariant, shared) for i, spec in enumerate(self.specs)]
+        # Linear-attention layers keep a state per sequence in a pool of slots (slot 0: scratch for the warm-up and
+        # single-sequence callers); the loader sets the engine's count from the cache budget.
+        self.num_state_slots = DEFAULT_STATE_SLOTS if any(s.state_shapes() for s in self.specs) else 0
 
     def embed_tokens(self, input_ids: np.ndarray) -> np.ndarray:
         x = self.embed.weight.embed(np.ascontiguousarray(input_ids, dtype=np.int64))
@@ -56,3 +61,7 @@ class DecoderModel:
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
         return (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+
+    def state_shapes(self, layer: int, num_slots: int) -> tuple[tuple[int, ...], ...]:
+        """The float32 state pools of a linear-attention layer ((num_slots, *one sequence's shape) each), or ()."""
+        return tuple((num_slots, *shape) for shape in self.specs[layer].state_shapes())

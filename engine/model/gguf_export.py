@@ -9,6 +9,8 @@ import numpy as np
 from engine.model.config import ModelConfig
 
 Q = gguf.GGMLQuantizationType
+# Tensors llama.cpp's converter always writes in F32 whatever the scheme (ggml_ssm_conv reads an F32 kernel).
+F32_TENSORS = ("ssm_conv1d.weight", "ssm_a", "ssm_dt.bias")
 
 
 def default_qtype(quant: Q) -> Callable[[str, tuple], Q]:
@@ -66,6 +68,9 @@ def write_metadata(w: gguf.GGUFWriter, cfg: ModelConfig) -> None:
             w.add_uint32(f"{a}.expert_group_used_count", cfg.expert_group_used_count)
         if cfg.dense_layers and cfg.dense_layers == tuple(range(len(cfg.dense_layers))):
             w.add_uint32(f"{a}.leading_dense_block_count", len(cfg.dense_layers))
+    from engine.model.registry import architecture
+    for key, value in architecture(a).gguf_metadata(cfg).items():  # the architecture's own keys
+        _add_kv(w, f"{a}.{key}", value)
 
 
 def write_gguf(path: str, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
@@ -82,7 +87,7 @@ def write_gguf(path: str, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
         tensors["rope_freqs.weight"] = llama3_rope_freqs(cfg)
     for name, t in tensors.items():
         t = np.ascontiguousarray(t, dtype=np.float32)
-        q = qtype(name, t.shape)
+        q = Q.F32 if name.endswith(F32_TENSORS) else qtype(name, t.shape)
         if q == Q.F32:
             w.add_tensor(name, t)
         elif q == Q.F16:

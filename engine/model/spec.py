@@ -27,21 +27,23 @@ class RopeSpec:
 class AttentionSpec:
     """Self-attention over the paged KV cache: attn_q/k/v/output (+ .bias with qkv_bias), attn_q_norm/attn_k_norm
     (per-head RMSNorm) with qk_norm, a sliding window (0 = full), a logit softcap (0 = none) and the score scale
-    (0 = head_dim ** -0.5)."""
+    (0 = head_dim ** -0.5). output_gate: attn_q yields [q_h | gate_h] per head (2 head_dim rows each) and the
+    attention output is multiplied by sigmoid(gate) before attn_output (qwen3.5)."""
     rope: RopeSpec
     qkv_bias: bool = False
     qk_norm: bool = False
     sliding_window: int = 0
     softcap: float = 0.0
     scale: float = 0.0
+    output_gate: bool = False
 
     def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
         H, D = cfg.hidden_size, cfg.head_dim
         hq, hkv = cfg.num_heads * D, cfg.num_kv_heads * D
-        out = {"attn_q.weight": (hq, H), "attn_k.weight": (hkv, H), "attn_v.weight": (hkv, H),
-               "attn_output.weight": (H, hq)}
+        out = {"attn_q.weight": (2 * hq if self.output_gate else hq, H), "attn_k.weight": (hkv, H),
+               "attn_v.weight": (hkv, H), "attn_output.weight": (H, hq)}
         if self.qkv_bias:
-            out.update({"attn_q.bias": (hq,), "attn_k.bias": (hkv,), "attn_v.bias": (hkv,)})
+            out.update({"attn_q.bias": (out["attn_q.weight"][0],), "attn_k.bias": (hkv,), "attn_v.bias": (hkv,)})
         if self.qk_norm:
             out.update({"attn_q_norm.weight": (D,), "attn_k_norm.weight": (D,)})
         return out
@@ -111,6 +113,34 @@ class MoESpec:
 
 
 @dataclass(frozen=True)
+class GatedDeltaNetSpec:
+    """Gated DeltaNet linear attention (qwen3.5): attn_qkv (q|k|v rows, value heads in GGUF's tiled order: value head
+    h reads key head h % num_k_heads), attn_gate (z), ssm_beta (b), ssm_alpha (a), ssm_conv1d (C, K) depthwise,
+    ssm_dt.bias, ssm_a (= -exp(A_log)), ssm_norm (v_head_dim, a plain weight), ssm_out. A sequence keeps a fixed-size
+    state instead of KV blocks (state_shapes)."""
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int = 4
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.num_k_heads * self.k_head_dim + self.num_v_heads * self.v_head_dim
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        H, C, Hv = cfg.hidden_size, self.conv_dim, self.num_v_heads
+        V = Hv * self.v_head_dim
+        return {"attn_qkv.weight": (C, H), "attn_gate.weight": (V, H), "ssm_beta.weight": (Hv, H),
+                "ssm_alpha.weight": (Hv, H), "ssm_conv1d.weight": (C, self.conv_kernel), "ssm_dt.bias": (Hv,),
+                "ssm_a": (Hv,), "ssm_norm.weight": (self.v_head_dim,), "ssm_out.weight": (H, V)}
+
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """One sequence's float32 states: the conv inputs (K - 1, C) and the delta rule's S (Hv, dk, dv)."""
+        return ((self.conv_kernel - 1, self.conv_dim), (self.num_v_heads, self.k_head_dim, self.v_head_dim))
+
+
+@dataclass(frozen=True)
 class Residual:
     """x = x + post(part(pre(x))); pre and post are RMSNorm weight tensors (None: no norm)."""
     part: object
@@ -121,6 +151,14 @@ class Residual:
 @dataclass(frozen=True)
 class BlockSpec:
     steps: tuple[Residual, ...]
+
+    def has_kv(self) -> bool:
+        """The layer keeps paged K/V (an attention part)."""
+        return any(isinstance(st.part, AttentionSpec) for st in self.steps)
+
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Per-sequence float32 state arrays of the layer (a linear-attention part), or () when it has none."""
+        return next((st.part.state_shapes() for st in self.steps if hasattr(st.part, "state_shapes")), ())
 
     def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
         """Every tensor of the layer (names relative to blk.{i}.) and its shape (numpy order)."""

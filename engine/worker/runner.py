@@ -22,28 +22,54 @@ class SeqChunk:
     start: int
     block_ids: tuple[int, ...]
     logits: str = "last"
+    state_slot: int = 0            # linear-attention layers: the sequence's state slot
+    snapshot: tuple[int, int] = ()  # (rows, slot): copy the states after that many of token_ids into slot
 
 
 class ModelRunner:
-    """Owns the model and its paged KV cache (one (K, V) pair per layer)."""
+    """Owns the model and its caches: a (K, V) pair of paged blocks per attention layer, a (conv, recurrent) pair of
+    state pools (num_state_slots slots) per linear-attention layer."""
 
-    def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str = "auto"):
+    def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str = "auto",
+                 num_state_slots: int | None = None):
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
+        self.num_state_slots = model.num_state_slots if num_state_slots is None else num_state_slots
         dtype = np.dtype(kv_storage_dtype(kv_cache_dtype))
         shape = model.kv_cache_shape(num_blocks, block_size)
         # touched block by block while serving, so in small pages: huge_pages.py
-        self.kv_caches = [(zeros_small_pages(shape, dtype), zeros_small_pages(shape, dtype))
-                          for _ in range(model.config.num_layers)]
+        self.kv_caches = []
+        for i in range(model.config.num_layers):
+            states = model.state_shapes(i, self.num_state_slots)
+            if states:
+                self.kv_caches.append(tuple(zeros_small_pages(s, np.float32) for s in states))
+            else:
+                self.kv_caches.append((zeros_small_pages(shape, dtype), zeros_small_pages(shape, dtype)))
+        self.state_layers = [i for i in range(model.config.num_layers) if model.state_shapes(i, 1)]
 
     @staticmethod
     def kv_bytes_per_block(config, block_size: int, kv_cache_dtype: str = "auto") -> int:
-        return bytes_per_block(config.num_layers, block_size, config.num_kv_heads, config.head_dim, kv_cache_dtype)
+        from engine.model.cache_layout import cache_layout
+        return bytes_per_block(len(cache_layout(config).kv_layers), block_size, config.num_kv_heads, config.head_dim,
+                               kv_cache_dtype)
+
+    def copy_states(self, pairs) -> None:
+        """pool[dst] = pool[src] in every linear-attention layer, pair by pair in order (a prefix-cache hit restores
+        the checkpoint at its block boundary into the request's own slot before the step runs)."""
+        for src, dst in pairs:
+            for i in self.state_layers:
+                for pool in self.kv_caches[i]:
+                    pool[dst] = pool[src]
 
     def build_batch(self, chunks: list[SeqChunk]) -> BatchMetadata:
         bs = self.block_size
         ids, pos, slots, qsl, lens, logit_rows = [], [], [], [0], [], []
+        state_slots = np.asarray([c.state_slot for c in chunks], np.int32)
+        snap_rows = np.asarray([c.snapshot[0] if c.snapshot else 0 for c in chunks], np.int32)
+        snap_slots = np.asarray([c.snapshot[1] if c.snapshot else 0 for c in chunks], np.int32)
+        if self.state_layers:
+            self._check_states(state_slots, snap_rows, snap_slots)
         max_blocks = max(len(c.block_ids) for c in chunks)
         tables = np.zeros((len(chunks), max_blocks), dtype=np.int32)
         for s, c in enumerate(chunks):
@@ -68,7 +94,16 @@ class ModelRunner:
             input_ids=np.concatenate(ids), positions=np.concatenate(pos),
             query_start_loc=np.asarray(qsl, dtype=np.int32), seq_lens=np.asarray(lens, dtype=np.int32),
             block_tables=tables, slot_mapping=np.concatenate(slots),
-            logits_indices=np.asarray(logit_rows, dtype=np.int64))
+            logits_indices=np.asarray(logit_rows, dtype=np.int64), state_slots=state_slots, snap_rows=snap_rows,
+            snap_slots=snap_slots)
+
+    def _check_states(self, state_slots, snap_rows, snap_slots) -> None:
+        """Each sequence its own slot, snapshots into other slots: the kernels write them from parallel units."""
+        n = self.num_state_slots
+        used = list(state_slots) + [s for r, s in zip(snap_rows, snap_slots) if r > 0]
+        if len(set(used)) != len(used) or any(not 0 <= s < n for s in used):
+            raise ValueError(f"state slots {state_slots.tolist()} (snapshots {snap_slots.tolist()}) must be distinct "
+                             f"and below {n}")
 
     def execute_hidden(self, chunks: list[SeqChunk]) -> list[np.ndarray | None]:
         """Runs one forward pass; returns per chunk the hidden rows its `logits` asks for, or None.
