@@ -56,25 +56,28 @@ def tiny_model(arch: str, seed: int = 0, **overrides):
     for k, v in overrides.items():
         setattr(cfg, k, v)
     cfg._attn_implementation = "eager"
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    # Random init is tiny (std 0.02): scale norms and weights up so that logits spread and errors show.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "linear_attn.norm" in name:  # Qwen3.5's gated norm: a plain weight
-                p.normal_(1.0, 0.1)
-            elif "norm" in name:
-                p.normal_(0.0 if arch in ZERO_CENTRED_NORMS else 1.0, 0.1)
-            elif name.endswith("A_log"):  # decays exp(-exp(A_log) softplus(.)) spread over (0, 1)
-                p.uniform_(-1.0, 1.0)
-            elif name.endswith("dt_bias"):
-                p.normal_(0.0, 1.0)
-            elif p.ndim >= 2:
-                p.normal_(0.0, 0.08)
-            else:
-                p.normal_(0.0, 0.05)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):  # a buffer: random too, so that it moves the choice
-                b.normal_(0.0, 0.05)
+    return randomize(transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32), arch)
+
+
+@torch.no_grad()
+def randomize(model, arch: str):
+    """Random init is tiny (std 0.02): scale norms and weights up so that logits spread and errors show."""
+    for name, p in model.named_parameters():
+        if "linear_attn.norm" in name:  # Qwen3.5's gated norm: a plain weight
+            p.normal_(1.0, 0.1)
+        elif "norm" in name:
+            p.normal_(0.0 if arch in ZERO_CENTRED_NORMS else 1.0, 0.1)
+        elif name.endswith("A_log"):  # decays exp(-exp(A_log) softplus(.)) spread over (0, 1)
+            p.uniform_(-1.0, 1.0)
+        elif name.endswith("dt_bias"):
+            p.normal_(0.0, 1.0)
+        elif p.ndim >= 2:
+            p.normal_(0.0, 0.08)
+        else:
+            p.normal_(0.0, 0.05)
+    for name, b in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):  # a buffer: random too, so that it moves the choice
+            b.normal_(0.0, 0.05)
     return model.eval()
 
 
