@@ -15,6 +15,7 @@ GPU could read host RAM coherently; that is what --cpu-offload-gb's streamed lay
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from engine.core.kv_spec import kv_storage_dtype
 from offload.plan_types import PlacementPlan, PlanOptions
@@ -158,7 +159,8 @@ def placement_options(args, max_model_len: int, num_blocks: int) -> PlanOptions:
 def apply_placement(args, model, max_model_len: int, num_blocks: int) -> int:
     """The load hook: plan from EngineArgs and apply. Returns the KV pool size to allocate (the plan may
     shrink it to what fits beside the weights on the GPU). No GPU asked for: returns at once, no torch."""
-    opts = placement_options(args, max_model_len, num_blocks)
+    opts = replace(placement_options(args, max_model_len, num_blocks),
+                   num_state_slots=getattr(model, "num_state_slots", 0) or None)
     if not opts.wants_gpu():
         return num_blocks
     from offload.devices import load_devices, normalize_device, probe_devices

@@ -58,6 +58,16 @@ class ModelMeta:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     tensors: tuple[TensorMeta, ...] = ()
+    # Hybrid models (linear attention): the layers with paged K/V (None: all) and each layer's state bytes per sequence
+    kv_layers: tuple[int, ...] | None = None
+    state_bytes: tuple[int, ...] = ()
+
+    def has_kv(self, layer: int) -> bool:
+        return self.kv_layers is None or layer in self.kv_layers
+
+    def state_bytes_of(self, layer: int) -> int:
+        """One sequence's state in this layer (0 for an attention layer)."""
+        return self.state_bytes[layer] if self.state_bytes else 0
 
     def layer_tensors(self, layer: int) -> list[TensorMeta]:
         return [t for t in self.tensors if t.layer == layer]
@@ -91,7 +101,17 @@ def model_meta(ws) -> ModelMeta:
     name = cfg.name or os.path.basename(os.fspath(ws.path).rstrip("/"))
     return ModelMeta(name, cfg.arch, cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size,
                      cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.max_position_embeddings, tied,
-                     cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, tuple(tensors))
+                     cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, tuple(tensors),
+                     *_cache_fields(cfg))
+
+
+def _cache_fields(cfg) -> tuple:
+    """(kv_layers, state_bytes) of ModelMeta: None and () for a model whose every layer keeps paged K/V."""
+    from engine.model.cache_layout import cache_layout
+    layout = cache_layout(cfg)
+    if not layout.hybrid:
+        return None, ()
+    return layout.kv_layers, tuple(layout.state_bytes_per_layer(i) for i in range(cfg.num_layers))
 
 
 def model_meta_from_path(path: str) -> ModelMeta:
@@ -114,6 +134,17 @@ SHAPES: dict[str, dict] = {
     "gemma-3-270m": dict(arch="gemma3", num_layers=18, hidden_size=640, intermediate_size=2048, num_heads=4,
                          num_kv_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
                          tie_word_embeddings=True),
+    # Qwen3.5/3.6: three Gated DeltaNet layers (a state per sequence, no KV) for every gated-attention layer
+    "qwen3.5-27b": dict(arch="qwen35", num_layers=64, hidden_size=5120, intermediate_size=17408, num_heads=24,
+                        num_kv_heads=4, head_dim=256, vocab_size=248320, max_position_embeddings=262144,
+                        rope_dim=64, linear_layers=tuple(i for i in range(64) if (i + 1) % 4), ssm_conv_kernel=4,
+                        ssm_num_k_heads=16, ssm_num_v_heads=48, ssm_k_head_dim=128, ssm_v_head_dim=128),
+    "qwen3.5-35b-a3b": dict(arch="qwen35moe", num_layers=40, hidden_size=2048, intermediate_size=0, num_heads=16,
+                            num_kv_heads=2, head_dim=256, vocab_size=248320, max_position_embeddings=262144,
+                            num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+                            shared_expert_intermediate_size=512, rope_dim=64,
+                            linear_layers=tuple(i for i in range(40) if (i + 1) % 4), ssm_conv_kernel=4,
+                            ssm_num_k_heads=16, ssm_num_v_heads=32, ssm_k_head_dim=128, ssm_v_head_dim=128),
 }
 QUANTS = ("q4_k_m", "q4_0", "q8_0", "q6_k", "f16", "bf16", "f32")
 
@@ -136,12 +167,20 @@ def _qtype(quant: str, name: str, layer: int | None, n_layers: int, tied: bool) 
 def layer_tensor_shapes(s: dict, layer: int) -> list[tuple[str, tuple[int, ...]]]:
     """GGUF names and shapes of one layer's tensors for a shape description (see SHAPES): the architecture's
     BlockSpec for that layer says what they are."""
-    from engine.model.config import ModelConfig
     from engine.model.registry import architecture
-    keys = ("arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-            "head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size")
-    cfg = ModelConfig(**{k: s.get(k, 0) for k in keys})
+    cfg = shape_config(s)
     return [(f"blk.{layer}.{n}", shape) for n, shape in architecture(cfg.arch).block(cfg, layer).tensors(cfg).items()]
+
+
+def shape_config(s: dict):
+    """The ModelConfig of a shape description (its ModelConfig keys; the required ones 0 when absent)."""
+    from dataclasses import fields
+
+    from engine.model.config import ModelConfig
+    names = {f.name for f in fields(ModelConfig)}
+    required = ("arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                "head_dim")
+    return ModelConfig(**{**{k: 0 for k in required}, **{k: v for k, v in s.items() if k in names}})
 
 
 def synthetic_meta(shape: str | dict, quant: str = "q4_k_m", name: str | None = None) -> ModelMeta:
@@ -162,13 +201,14 @@ def synthetic_meta(shape: str | dict, quant: str = "q4_k_m", name: str | None = 
     tensors = []
     for n, shp in shapes:
         layer = int(_LAYER.match(n).group(1)) if _LAYER.match(n) else None
-        small = len(shp) == 1 or "ffn_gate_inp" in n
+        small = len(shp) == 1 or "ffn_gate_inp" in n or "ssm_conv1d" in n  # F32 in llama.cpp's files too
         t = Q.F32 if small else _qtype(quant, n, layer, L, tied)
         tensors.append(TensorMeta(n, t.name, shp, _nbytes(t, shp)))
     label = name or (shape if isinstance(shape, str) else s.get("name", "synthetic")) + f"-{quant}"
     return ModelMeta(label, s["arch"], L, H, s["intermediate_size"], V, s["num_heads"], s["num_kv_heads"],
                      s["head_dim"], s["max_position_embeddings"], tied, s.get("num_experts", 0),
-                     s.get("num_experts_per_tok", 0), s.get("moe_intermediate_size", 0), tuple(tensors))
+                     s.get("num_experts_per_tok", 0), s.get("moe_intermediate_size", 0), tuple(tensors),
+                     *_cache_fields(shape_config(s)))
 
 
 def _nbytes(t: Q, shape: tuple[int, ...]) -> int:

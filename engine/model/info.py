@@ -5,6 +5,7 @@ import math
 import os
 from typing import Any
 
+from engine.model.cache_layout import cache_layout
 from engine.model.weights import open_weights
 
 KV_BYTES_PER_ELEMENT = 2  # fp16 KV cache, the default
@@ -22,8 +23,9 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     Returns:
         dict with path, format, architecture, name, config (ModelConfig.to_dict()), num_tensors,
         num_params, tensor_types {type name: {"count", "bytes"}} (largest first), total_weight_bytes,
-        kv_bytes_per_1k_tokens (fp16, every layer at full attention), sliding_window_layers,
-        kv_note (what the KV figure means for sliding-window models).
+        kv_bytes_per_1k_tokens (fp16, every attention layer at full attention), sliding_window_layers,
+        kv_note (what the KV figure means for sliding-window and hybrid models), state_bytes_per_sequence (the
+        linear-attention layers' states of one sequence; 0 without).
     Raises:
         ModelLoadError: as open_weights.
     """
@@ -38,9 +40,13 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         entry["bytes"] += t.nbytes
         num_params += math.prod(t.shape)
     types = dict(sorted(types.items(), key=lambda kv: -kv[1]["bytes"]))
-    kv_1k = kv_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim) * 1024
+    layout = cache_layout(c)
+    kv_1k = kv_bytes_per_token(len(layout.kv_layers), c.num_kv_heads, c.head_dim) * 1024
     sliding = [w for w in c.layer_sliding_window if w > 0]
     note = "fp16 K and V, every layer at full attention"
+    if layout.hybrid:
+        note = (f"fp16 K and V of the {len(layout.kv_layers)} attention layers; the {len(layout.state_shapes)} "
+                "linear-attention layers keep a fixed state per sequence instead")
     if sliding:
         note += (f"; {len(sliding)} of {c.num_layers} layers use a sliding window of {max(sliding)} tokens, "
                  "so beyond that length they stop growing and the real cost is lower")
@@ -57,6 +63,7 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         "kv_bytes_per_1k_tokens": kv_1k,
         "sliding_window_layers": len(sliding),
         "kv_note": note,
+        "state_bytes_per_sequence": layout.state_bytes,  # float32 states of the linear-attention layers (0: none)
     }
 
 
@@ -115,4 +122,7 @@ def format_info(info: dict[str, Any]) -> str:
         f"weights:        {_bytes(info['total_weight_bytes'])}",
         f"KV cache:       {_bytes(info['kv_bytes_per_1k_tokens'])} per 1k tokens ({info['kv_note']})",
     ]
+    if info.get("state_bytes_per_sequence"):
+        lines.append(f"states:         {_bytes(info['state_bytes_per_sequence'])} per sequence (float32 conv and "
+                     "recurrent states; prefix-cache checkpoints take as much each)")
     return "\n".join(lines)

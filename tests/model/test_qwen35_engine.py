@@ -89,3 +89,16 @@ def test_prefix_hit_restores_the_state_at_a_block_boundary(folder):
 def test_ram_tier_is_refused(folder):
     with pytest.raises(ValueError, match="num-cpu-blocks"):
         LLM(model=folder, num_cpu_blocks=4, **COMMON)
+
+
+def test_torch_twin_layers_keep_their_states_on_the_device(folder):
+    """Every layer on torch's CPU device (state pools allocated there, checkpoints copied there): the CPU answers."""
+    ref = solo(folder)
+    llm = LLM(model=folder, n_gpu_layers="all", gpu_device="cpu", max_num_batched_tokens=37, **COMMON)
+    engine = llm.llm_engine
+    import torch
+    assert all(isinstance(p, torch.Tensor) for i in engine.runner.state_layers for p in engine.runner.kv_caches[i])
+    generate(llm, PROMPTS[:4])
+    outs = generate(llm, PROMPTS)
+    assert outs[5].num_cached_tokens == 48
+    assert_same_up_to_near_ties(ref, outs)
