@@ -143,7 +143,8 @@ def _head_unit(conv_out, yz, cz, yb, cb, ya, ca, a_neg, dt_bias, norm_w, eps32, 
             if b == cut and 0 < r <= n:
                 _copy_state(S, ssm_pool[snap_slots[s], h])
     else:
-        q, k, kv = np.empty(dk, np.float32), np.empty(dk, np.float32), np.empty(dv, np.float32)
+        buf = np.empty(2 * dk + dv, np.float32)  # one allocation per unit: decode runs Hv units per layer
+        q, k, kv = buf[:dk], buf[dk:2 * dk], buf[2 * dk:]
         for i in range(n):
             t = t0 + i
             _unit_vec(conv_out[t, qo:qo + dk], scale, q)

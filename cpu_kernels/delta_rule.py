@@ -40,7 +40,7 @@ def token_step(S, q, k, v, beta, decay, o, kv):
             o[j] += s * qi
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", fastmath={"reassoc"})  # reassoc: the dot products over dk vectorize
 def chunk_step(S, Q, K, V, beta, g, O, A, U, W):
     """m = Q.shape[0] tokens (m <= CHUNK) in the chunked form: S (dk, dv) updated in place, O (m, dv) the outputs.
 
