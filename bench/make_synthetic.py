@@ -1,6 +1,7 @@
 """Write a valid GGUF with random weights of a real model's shape, loadable by ramlm and llama.cpp.
 
     python -m bench.make_synthetic --shape llama-8b --quant q4_k_m --out /tmp/llama8b.gguf
+    python -m bench.make_synthetic --shape gpt-oss-20b --quant mxfp4 --out /tmp/gpt-oss-20b.gguf
 
 Quantized tensors are written as random blocks (random quants, small finite fp16 scales) rather than
 by quantizing random floats: a 4.6 GiB file then takes seconds, not an hour. The vocabulary is a
@@ -15,7 +16,9 @@ import time
 import gguf
 import numpy as np
 
+from cpu_kernels.rope import RopeScaling
 from engine.model.config import ModelConfig
+from offload.meta import fit_rows
 
 Q = gguf.GGMLQuantizationType
 
@@ -31,6 +34,32 @@ SHAPES = {
                               num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128, rope_theta=1e6,
                               rms_norm_eps=1e-6, max_position_embeddings=32768, num_experts=128,
                               num_experts_per_tok=8, moe_intermediate_size=768),
+    # gpt-oss-20b (all 24 layers; MXFP4 experts ~10 GiB, the rest Q8_0 as in the published GGUF: ~12 GiB)
+    "gpt-oss-20b": dict(arch="gpt-oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_layers=24,
+                        num_heads=64, num_kv_heads=8, head_dim=64, rope_theta=150000.0, rms_norm_eps=1e-5,
+                        max_position_embeddings=131072, num_experts=32, num_experts_per_tok=4,
+                        moe_intermediate_size=2880, norm_topk_prob=False, expert_gating="topk_softmax",
+                        layer_sliding_window=tuple(128 if i % 2 == 0 else 0 for i in range(24)),
+                        rope_scaling=RopeScaling("yarn", 32.0, 4096, truncate=False), attn_bias=True,
+                        attn_out_bias=True),
+    # DeepSeek-V3's dims (MLA, 256 experts, YaRN) with 3 of its 61 layers, one dense and two MoE: about 16 GiB
+    # in Q4_K_M, so it fits a 24 GiB machine (each MoE layer is ~7.3 GB)
+    "deepseek-v3-3l": dict(arch="deepseek2", vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+                           num_layers=3, num_heads=128, num_kv_heads=1, head_dim=192, value_head_dim=128, rope_dim=64,
+                           q_lora_rank=1536, kv_lora_rank=512, rope_theta=10000.0, rms_norm_eps=1e-6,
+                           max_position_embeddings=163840,
+                           rope_scaling=RopeScaling("yarn", 40.0, 4096, attn_factor=1 / (0.1 * np.log(40.0) + 1)),
+                           rope_yarn_log_mul=0.1, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
+                           expert_shared_count=1, expert_group_count=8, expert_group_used_count=4,
+                           expert_weights_scale=2.5, norm_topk_prob=True, expert_gating="sigmoid",
+                           expert_selection_bias=True, dense_layers=(0,)),
+    "tiny-deepseek": dict(arch="deepseek2", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=3,
+                          num_heads=4, num_kv_heads=1, head_dim=48, value_head_dim=32, rope_dim=16, q_lora_rank=64,
+                          kv_lora_rank=256, rms_norm_eps=1e-6, max_position_embeddings=2048, num_experts=8,
+                          num_experts_per_tok=2, moe_intermediate_size=256, expert_shared_count=1,
+                          expert_group_count=4, expert_group_used_count=2, expert_weights_scale=2.5,
+                          norm_topk_prob=True, expert_gating="sigmoid", expert_selection_bias=True,
+                          dense_layers=(0,)),
     # Qwen3.5/3.6: three Gated DeltaNet layers per gated-attention layer. The 35B-A3B's 40 layers are 19.6 GiB in
     # Q4_K_M; 32 of them (15.8 GiB) leave a 24 GiB machine room for the runtime, the states and the KV.
     "qwen3.5-27b": dict(arch="qwen35", vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_layers=64,
@@ -59,8 +88,13 @@ F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0
 def quant_plan(preset: str):
     """name -> ggml type, like llama.cpp's presets (Q4_K_M keeps attn_v and ffn_down in Q6_K)."""
     def pick(name: str, shape: tuple) -> Q:
-        if len(shape) < 2 or "norm" in name or "ffn_gate_inp" in name or "ssm_conv1d" in name:
+        if len(shape) < 2 or "norm" in name or "ffn_gate_inp" in name or name.endswith(".bias") or "ssm_conv1d" in name:
             return Q.F32  # (llama.cpp's converter keeps the conv kernel in F32 too)
+        return fit_rows(_preset(name), shape)
+
+    def _preset(name: str) -> Q:
+        if preset == "mxfp4":  # llama.cpp's MOSTLY_MXFP4_MOE: MXFP4 experts, Q8_0 elsewhere
+            return Q.MXFP4 if "_exps." in name else Q.Q8_0
         if preset == "q8_0":
             return Q.Q8_0
         if preset == "f16":
@@ -68,10 +102,10 @@ def quant_plan(preset: str):
         if preset == "q4_0":
             return Q.Q4_0
         if preset == "q4_k_m":
-            if name.startswith("output.") or any(k in name for k in ("attn_v", "ffn_down")):
+            if name.startswith("output.") or any(k in name for k in (".attn_v.", "ffn_down")):
                 return Q.Q6_K
             return Q.Q4_K
-        raise ValueError(f"unknown quant preset {preset!r}; known: q4_k_m, q8_0, q4_0, f16")
+        raise ValueError(f"unknown quant preset {preset!r}; known: q4_k_m, q8_0, q4_0, f16, mxfp4")
     return pick
 
 
@@ -87,6 +121,9 @@ def random_tensor(rng: np.random.Generator, qtype: Q, shape: tuple, std: float =
     nblocks = shape[-1] // block
     raw = rng.integers(0, 256, size=(rows * nblocks, size), dtype=np.uint8)
     # Scales: small positive fp16 so that dequantized weights have roughly the asked spread.
+    if qtype == Q.MXFP4:  # the E8M0 byte: 2^(120 - 128) times codes of mean magnitude ~5: std ~0.02
+        raw[:, 0] = 120
+        return raw.reshape(*shape[:-1], nblocks * size)
     scale = np.float16(std / (8 if block == 256 else 64))
     for off in F16_FIELDS[qtype]:
         raw[:, off:off + 2] = np.frombuffer(scale.tobytes(), dtype=np.uint8)
@@ -103,10 +140,14 @@ def synthetic_vocab(n: int) -> dict:
             "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.add_bos_token": True}
 
 
-def write_synthetic(path: str, shape: str, quant: str, seed: int = 0) -> ModelConfig:
+def write_synthetic(path: str, shape: str, quant: str, seed: int = 0, layers: int | None = None) -> ModelConfig:
+    """layers: fewer layers than the real model (the name says so), for machines the whole model would not fit."""
     from engine.model.gguf_export import write_metadata
     from engine.model.tensors import tensor_shapes
-    cfg = ModelConfig(**SHAPES[shape], name=f"synthetic {shape} {quant}")
+    kw = dict(SHAPES[shape])
+    if layers:
+        kw["num_layers"], shape = layers, f"{shape} ({layers} layers)"
+    cfg = ModelConfig(**kw, name=f"synthetic {shape} {quant}")
     pick = quant_plan(quant)
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, cfg.arch)
@@ -120,7 +161,7 @@ def write_synthetic(path: str, shape: str, quant: str, seed: int = 0) -> ModelCo
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
-    w.add_file_type({"q4_k_m": 15, "q8_0": 7, "q4_0": 2, "f16": 1}[quant])
+    w.add_file_type({"q4_k_m": 15, "q8_0": 7, "q4_0": 2, "f16": 1, "mxfp4": 38}[quant])
     shapes = tensor_shapes(cfg)
     # Tensor infos first (sizes only), then data streamed one tensor at a time to bound memory.
     for name, shp in shapes.items():
@@ -148,9 +189,10 @@ def main(argv=None) -> None:
     ap.add_argument("--quant", default="q4_k_m")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers than the shape has (to fit in RAM)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    write_synthetic(args.out, args.shape, args.quant, args.seed)
+    write_synthetic(args.out, args.shape, args.quant, args.seed, args.layers)
     size = os.path.getsize(args.out)
     print(f"wrote {args.out}: {args.shape} {args.quant}, {size / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s")
 

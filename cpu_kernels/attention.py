@@ -33,6 +33,7 @@ from cpu_kernels.vec16 import _vhsum4_store, _vload, _vmuladd, _vstore, _vzero
 
 _JIT = dict(cache=True, error_model="numpy")
 _F0 = np.float32(0.0)
+_F1 = np.float32(1.0)
 _NEG_INF = np.float32(-np.inf)
 TILE_VECS = 32  # query vectors (rows x heads of a group) per tile: each K/V block is converted once per tile
 # (a 512-token prefill, 4 heads of 256 on one kv head: 5.6-6.4 ms at 8, 4.4-5.3 at 32; 2048 tokens 83-92 -> 71-74)
@@ -228,7 +229,7 @@ def _weighted_sum(acc, sc, nv, n, vbuf, use_bf16, pb, vb):
 # ---------------------------------------------------------------- paged attention
 @njit(**_JIT)
 def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, row_pos, scale, softcap,
-                 qbuf, kbuf, vbuf, acc, sc, m, l, use_bf16, qb, pb, kt_all, vb_all, cbase):
+                 qbuf, kbuf, vbuf, acc, sc, m, l, use_bf16, qb, pb, kt_all, vb_all, cbase, sinks):
     """out[t, h] for rows t0..t0+nr-1 of one sequence and heads h0..h0+nh-1 of kv head kvh.
 
     Query vector v = (row v // nh, head v % nh). Each K/V block is converted once for the whole tile and
@@ -237,6 +238,8 @@ def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, 
     use_bf16: the scores and the weighted sum of V multiply bf16 roundings of q, K, V and the weights (sums in
     float32; scratch qb, pb): about twice the products per instruction, for long prefill chunks. Their K/V blocks
     were rounded once for the whole call (attention_blocks.bf16_plan): block b of kv head kvh is kt_all/vb_all[cbase + b * Hkv + kvh].
+    sinks: f32 (Hq,) per-head logits in the softmax's denominator only (gpt-oss), or (0,): the running max and
+    sum start at (sink, 1) instead of (-inf, 0), which is exp(sink - max) added to the sum at any later max.
     """
     D = q.shape[2]
     BS = k_cache.shape[1]
@@ -249,8 +252,8 @@ def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, 
             qbuf[v, d] = q[t, h, d]
         for d in range(Dp):
             acc[v, d] = _F0
-        m[v] = _NEG_INF
-        l[v] = _F0
+        m[v] = sinks[h] if sinks.shape[0] else _NEG_INF
+        l[v] = _F1 if sinks.shape[0] else _F0
         if use_bf16:
             for c in range(0, Dp, 32):
                 _bstore(qb, v * Dp + c, _bround(_vload(qbuf, v * Dp + c), _vload(qbuf, v * Dp + c + 16)))
@@ -351,7 +354,7 @@ def _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window, n
 
 @njit(**_JIT)
 def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, lo, hi, hc, out, seq_bf16,
-              cbase, kt_all, vb_all):
+              cbase, kt_all, vb_all, sinks):
     """The items lo:hi of a plan, with scratch for the largest tile among them (decode: one row). Items of the
     sequences s with seq_bf16[s] != 0 run in bf16 (an empty seq_bf16: none) on the blocks of attention_blocks.bf16_plan."""
     D, G, BS = q.shape[2], q.shape[1] // k_cache.shape[2], k_cache.shape[1]
@@ -381,13 +384,15 @@ def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo
         use_bf16 = seq_bf16.shape[0] > 0 and seq_bf16[s] != 0
         _attend_tile(q, k_cache, v_cache, out, items[it, 0], items[it, 1], h0, nh, kvh, block_tables[s],
                      row_lo, row_pos, np.float32(scale), np.float32(softcap), qbuf, kbuf, vbuf, acc, sc, m, l,
-                     use_bf16, qb, pb, kt_all, vb_all, cbase[s] if use_bf16 else 0)
+                     use_bf16, qb, pb, kt_all, vb_all, cbase[s] if use_bf16 else 0, sinks)
 
 
 @njit(**_JIT)
-def _check(q, k_cache, v_cache, query_start_loc, seq_bf16):
+def _check(q, k_cache, v_cache, query_start_loc, seq_bf16, sinks):
     if q.shape[1] % k_cache.shape[2] != 0 or k_cache.shape[3] != q.shape[2] or v_cache.shape != k_cache.shape:
         raise ValueError("paged_attention: q heads / head_dim do not match the KV cache")
+    if sinks.shape[0] != 0 and sinks.shape[0] != q.shape[1]:
+        raise ValueError("paged_attention: sinks needs one logit per query head")
     if seq_bf16.shape[0] != 0 and seq_bf16.shape[0] != query_start_loc.shape[0] - 1:
         raise ValueError("paged_attention: bf16_seqs needs one flag per sequence")
     return np.zeros(q.shape, np.float32)
@@ -395,8 +400,8 @@ def _check(q, k_cache, v_cache, query_start_loc, seq_bf16):
 
 @njit(cache=True, error_model="numpy", parallel=True)
 def _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-                     sliding_window, softcap, nthreads, seq_bf16):
-    out = _check(q, k_cache, v_cache, query_start_loc, seq_bf16)
+                     sliding_window, softcap, nthreads, seq_bf16, sinks):
+    out = _check(q, k_cache, v_cache, query_start_loc, seq_bf16, sinks)
     row_pos, row_lo, items, bounds, hc = _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window,
                                                nthreads)
     cbase, what = KV.bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16)
@@ -405,27 +410,27 @@ def _paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_table
         KV.bf16_block(k_cache, v_cache, what, i + 1, kt_all, vb_all)
     for part in prange(bounds.shape[0] - 1):
         _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, bounds[part],
-                  bounds[part + 1], hc, out, seq_bf16, cbase, kt_all, vb_all)
+                  bounds[part + 1], hc, out, seq_bf16, cbase, kt_all, vb_all, sinks)
     return out
 
 
 @njit(**_JIT)
 def _paged_attention_serial(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-                            sliding_window, softcap, seq_bf16):
+                            sliding_window, softcap, seq_bf16, sinks):
     """_paged_attention on the calling thread, without a parallel region's launch (a decode step's layers)."""
-    out = _check(q, k_cache, v_cache, query_start_loc, seq_bf16)
+    out = _check(q, k_cache, v_cache, query_start_loc, seq_bf16, sinks)
     row_pos, row_lo, items, bounds, hc = _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window, 1)
     cbase, what = KV.bf16_plan(k_cache, query_start_loc, seq_lens, block_tables, row_lo, seq_bf16)
     kt_all, vb_all = KV.bf16_arrays(k_cache, what)
     for i in range(1, what.shape[0]):
         KV.bf16_block(k_cache, v_cache, what, i, kt_all, vb_all)
     _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, 0, bounds[1], hc, out,
-              seq_bf16, cbase, kt_all, vb_all)
+              seq_bf16, cbase, kt_all, vb_all, sinks)
     return out
 
 
 def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-                    sliding_window=0, softcap=0.0, bf16_seqs=None):
+                    sliding_window=0, softcap=0.0, bf16_seqs=None, sinks=None):
     """Causal attention of a mixed batch (decodes, prefill chunks) over the paged KV cache.
 
     Args:
@@ -435,20 +440,24 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
         sliding_window: W > 0 attends to positions p-W+1..p. softcap: > 0 applies cap*tanh(s/cap).
         bf16_seqs: None, or one flag per sequence: the flagged sequences' rows multiply in bf16
         (attention_bf16; float32 sums, about 0.5 % relative error per output).
+        sinks: None, or f32 (Hq,): head h's softmax denominator gets exp(sinks[h]) more (a key of logit sinks[h]
+        and value 0: gpt-oss's attention sinks), on sliding and full layers alike.
     Returns:
         f32 (T, Hq, D). Row i of sequence s sits at p = seq_lens[s] - q_len_s + i and attends causally;
         query head h reads kv head h // (Hq // Hkv). Rows past query_start_loc[S] are zero.
     Raises:
         ValueError: q_len > seq_len, a block table too short or holding an id outside the cache, q heads /
-        head_dim that do not fit the cache, or bf16_seqs not one flag per sequence.
+        head_dim that do not fit the cache, bf16_seqs not one flag per sequence, or sinks not one per head.
     """
     flags = _NO_BF16 if bf16_seqs is None else np.ascontiguousarray(bf16_seqs, dtype=np.uint8)
+    sk = NO_SINKS if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32)
     nthreads = num_threads()
     if nthreads == 1:
         return _paged_attention_serial(q, _kernel_view(k_cache), _kernel_view(v_cache), query_start_loc, seq_lens,
-                                       block_tables, float(scale), int(sliding_window), float(softcap), flags)
+                                       block_tables, float(scale), int(sliding_window), float(softcap), flags, sk)
     return _paged_attention(q, _kernel_view(k_cache), _kernel_view(v_cache), query_start_loc, seq_lens,
-                            block_tables, float(scale), int(sliding_window), float(softcap), nthreads, flags)
+                            block_tables, float(scale), int(sliding_window), float(softcap), nthreads, flags, sk)
 
 
 _NO_BF16 = np.zeros(0, np.uint8)  # paged_attention without bf16 rows
+NO_SINKS = np.zeros(0, np.float32)  # paged_attention without attention sinks

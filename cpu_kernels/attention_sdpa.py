@@ -70,7 +70,7 @@ def sequence_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, 
 
 def mixed_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window,
                     long_seqs: np.ndarray) -> np.ndarray:
-    """paged_attention (no softcap) with the sequences flagged in long_seqs through sequence_attention."""
+    """paged_attention (no softcap, no sinks) with the sequences flagged in long_seqs through sequence_attention."""
     qsl = np.asarray(query_start_loc, dtype=np.int64)
     out = np.zeros(q.shape, np.float32)
     rest = []

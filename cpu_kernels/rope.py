@@ -29,6 +29,7 @@ class RopeScaling:
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     attn_factor: float = 1.0  # mscale multiplier; yarn's own mscale is computed from factor
+    truncate: bool = True  # yarn: correction range floored/ceiled (HF's default, llama.cpp's); gpt-oss: False
 
 
 def _base_inv_freq(dim: int, theta: float) -> np.ndarray:
@@ -86,7 +87,7 @@ def _llama3(inv_freq: np.ndarray, sc: RopeScaling) -> np.ndarray:
 
 
 def _yarn(pos_freqs: np.ndarray, dim: int, base: float, sc: RopeScaling) -> np.ndarray:
-    # transformers _compute_yarn_parameters with truncate=True, same operations in float32
+    # transformers _compute_yarn_parameters (rope_parameters' truncate), same operations in float32
     factor = sc.factor
     beta_fast = sc.beta_fast or 32
     beta_slow = sc.beta_slow or 1
@@ -95,8 +96,10 @@ def _yarn(pos_freqs: np.ndarray, dim: int, base: float, sc: RopeScaling) -> np.n
     def correction_dim(num_rotations):
         return (dim * math.log(orig / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
 
-    low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if sc.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # HF: prevent singularity
     inv_freq_extrapolation = 1.0 / pos_freqs

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpu_kernels import activations, attention, norms, rope
+from cpu_kernels import activations, attention, mla, moe, norms, rope
 from cpu_kernels.attn_inputs import attn_inputs, sigmoid_gate
 from cpu_kernels.delta_net import gdn_core
 from cpu_kernels.rope import RopeScaling
@@ -28,6 +28,8 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
     for rows in (x[:1], x):
         for post, nxt in ((w, w), (w, none), (none, w)):
             norms.residual_rms_norm(rows, rows, post, nxt, 1e-6, 1e-6)
+    for rows in (x[:1, :4], x[:, :4]):  # a strided view: MLA's q_a columns beside kv_a's in one output
+        norms.rms_norm(rows, w[:4], 1e-6)
     norms.rms_norm_heads(x.reshape(20, 2, 4), w[:4], 1e-6)
     norms.rms_norm_heads(x.reshape(20, 2, 4), w[:4], 1e-6, True)
 
@@ -42,6 +44,12 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
         activations.silu_mul(gate, gate)
         activations.gelu_tanh_mul(gate, gate)
         activations.softcap(gate.copy(), 30.0)
+        activations._swiglu_oai(gate, 0, gate, 0, gate.shape[1])  # gpt-oss's experts call the kernel itself
+
+    logits = np.ones((3, 8), f32)  # MoE routing (both paths' kernels): biases made here or read from the file
+    for bias in (w, w_file):
+        moe.expert_rows(logits, bias, 2, moe.SIGMOID, 4, 2, True, 2.5)
+        moe.add_shared(logits.copy(), logits, bias, logits)
 
     hq, hkv, d, bs = 4, 2, 8, 4
     k = np.ones((3, hkv, d), f32)
@@ -58,12 +66,20 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
             attn_inputs((y, 0), (y, hq * d), (y, (hq + hkv) * d), hq, (w, 1e-6), (w, 1e-6), cos, sin, True,
                         k_cache, v_cache, np.arange(t, dtype=np.int64) % (3 * bs))
             sigmoid_gate(np.ones((t, 2, d), f32), (y, d), 2 * d)  # qwen3.5's gated attention
+        latent = np.zeros((3, bs, 1, 2 * d), dtype)  # MLA: [latent (d) | rope key (d)], K read as V
+        for t in (1, 20):
+            y = np.ones((t, 2 * hq * d + 2 * d), f32)
+            cos, sin = rope.rope_cos_sin(np.arange(t, dtype=np.int64), inv_freq, mscale)
+            mla.write_latents((y, 2 * hq * d), (w, 1e-6), cos, sin, latent, np.arange(t, dtype=np.int64) % (3 * bs))
+            q = np.zeros((t, hq, 2 * d), f32)
+            mla.rope_queries(y, 0, 2 * d, cos, sin, q)
+            mla.head_columns(y, 0, hq, 2 * d, d)
         for qsl, seq_lens, block_tables in (decode, mixed):
             q = np.ones((qsl[-1], hq, d), f32)
             kv = (attention._kernel_view(k_cache), attention._kernel_view(v_cache), qsl, seq_lens, block_tables)
             for scale, window, cap in ((0.5, 0, 0.0), (0.5, 2, 30.0)):  # both variants, whatever the thread count
-                attention._paged_attention(q, *kv, scale, window, cap, 2, attention._NO_BF16)
-                attention._paged_attention_serial(q, *kv, scale, window, cap, attention._NO_BF16)
+                attention._paged_attention(q, *kv, scale, window, cap, 2, attention._NO_BF16, attention.NO_SINKS)
+                attention._paged_attention_serial(q, *kv, scale, window, cap, attention._NO_BF16, attention.NO_SINKS)
     warm_delta_net()
 
 

@@ -101,7 +101,8 @@ def plan_groups(query_start_loc, seq_lens, Hq: int, Hkv: int, D: int, block_size
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc, seq_lens,
                     block_tables: torch.Tensor, scale: float, sliding_window: int = 0, softcap: float = 0.0,
-                    scratch_bytes: int = SCRATCH_BYTES, groups: list[Group] | None = None) -> torch.Tensor:
+                    scratch_bytes: int = SCRATCH_BYTES, groups: list[Group] | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q f32 (T, Hq, D) -> f32 (T, Hq, D).
 
     Args:
@@ -110,6 +111,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         block_tables: int (S, max_blocks) on q's device (int32 or int64).
         scale, sliding_window (0 = full), softcap (0 = none): as cpu_kernels.paged_attention.
         groups: plan_groups(...) for this batch, when the caller reuses them across layers.
+        sinks: None or f32 (Hq,) on q's device: per-head logits in the softmax's denominator only (gpt-oss).
     """
     T, Hq, D = q.shape
     BS, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -121,6 +123,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.zeros_like(q)
     tables = block_tables.to(torch.int64)
     sc = float(np.float32(scale))
+    sink_col = None if sinks is None else sinks.to(torch.float32).view(1, Hkv, G, 1, 1)
     for g in groups:
         B, Q, L = g.B, g.Q, g.L
         blk = tables.index_select(0, g.seqs)[:, : g.nb]                               # (B, nb)
@@ -131,7 +134,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if softcap > 0:
             s_ = softcap * torch.tanh(s_ / softcap)
         s_ = s_.view(B, Hkv, G, Q, L).masked_fill(~g.visible(sliding_window), float("-inf"))
-        probs = torch.softmax(s_, dim=-1).view(B, Hkv, G * Q, L)
+        if sink_col is None:
+            probs = torch.softmax(s_, dim=-1).view(B, Hkv, G * Q, L)
+        else:  # one more logit per head in the softmax, its column dropped after (transformers' eager gpt-oss)
+            s_ = torch.cat([s_, sink_col.expand(B, Hkv, G, Q, 1)], dim=-1)
+            probs = torch.softmax(s_, dim=-1)[..., :L].reshape(B, Hkv, G * Q, L)
         o = torch.matmul(probs, v).view(B, Hkv, G, Q, D).permute(0, 3, 1, 2, 4).reshape(B * Q, Hq, D)
         out.index_copy_(0, g.out_rows, o.index_select(0, g.keep))
     return out

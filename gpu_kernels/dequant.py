@@ -132,8 +132,20 @@ def q6_k(b):
     return (d * q.reshape(n, 16, -1).to(torch.float32)).reshape(n, QK_K)
 
 
+MXFP4_KVALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+def mxfp4(b):
+    # gguf's MXFP4: e8m0_to_fp32_half(e) (2^(e - 128), subnormal for e < 2) times the code's kvalue.
+    e = b[:, :1].to(torch.int32)
+    bits = torch.where(e < 2, torch.bitwise_left_shift(torch.full_like(e, 0x00200000), e), (e - 1) << 23)
+    d = bits.view(torch.float32)
+    table = torch.tensor(MXFP4_KVALUES, dtype=torch.float32, device=b.device)
+    return d * table[_nibbles(b[:, 1:], 1, 16).to(torch.int64)]
+
+
 DEQUANT = {Q.Q4_0: q4_0, Q.Q4_1: q4_1, Q.Q5_0: q5_0, Q.Q5_1: q5_1, Q.Q8_0: q8_0, Q.Q2_K: q2_k,
-           Q.Q3_K: q3_k, Q.Q4_K: q4_k, Q.Q5_K: q5_k, Q.Q6_K: q6_k}
+           Q.Q3_K: q3_k, Q.Q4_K: q4_k, Q.Q5_K: q5_k, Q.Q6_K: q6_k, Q.MXFP4: mxfp4}
 FLOAT_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 
 

@@ -215,6 +215,8 @@ class DeviceAttention:
         self.rope_key = (np.asarray(src.inv_freq, np.float32).tobytes(), float(src.mscale))
         self.kv_cache = kv_cache
         self.kv_on_host = kv_on_host
+        self.host_sinks = src.sinks  # f32 (Hq,) attention-sink logits or None
+        self.sinks = vector(src.sinks, ctx.device) if src.sinks is not None else None
 
     def __call__(self, x: torch.Tensor, batch: DeviceBatch, kv) -> torch.Tensor:
         t, hq, hkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
@@ -256,12 +258,12 @@ class DeviceAttention:
     def _torch(self, q, k_cache, v_cache, batch: DeviceBatch) -> torch.Tensor:
         groups = batch.attention_groups(self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1])
         return dattn.paged_attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
-                                     self.scale, self.sliding_window, self.softcap, groups=groups)
+                                     self.scale, self.sliding_window, self.softcap, groups=groups, sinks=self.sinks)
 
     def _triton(self, q, k_cache, v_cache, batch: DeviceBatch) -> torch.Tensor:
         from gpu_kernels.triton_attention import paged_attention_rows
         return paged_attention_rows(q, k_cache, v_cache, batch.row_layout(), batch.block_tables, self.scale,
-                                    self.sliding_window, self.softcap)
+                                    self.sliding_window, self.softcap, sinks=self.sinks)
 
     def _host_attention(self, q, k, v, meta, kv) -> np.ndarray:
         from cpu_kernels import attention as cattn
@@ -270,7 +272,7 @@ class DeviceAttention:
         k_cache, v_cache = kv
         cattn.write_kv(kn, vn, k_cache, v_cache, meta.slot_mapping)
         out = cattn.paged_attention(qn, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-                                    self.scale, self.sliding_window, self.softcap)
+                                    self.scale, self.sliding_window, self.softcap, sinks=self.host_sinks)
         return out.reshape(q.shape[0], -1)
 
 

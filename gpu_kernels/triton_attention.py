@@ -31,9 +31,9 @@ def _tanh(x):
 @triton.jit
 def _paged_rows_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, row_seq_ptr, row_pos_ptr,
                        stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_tb,
-                       scale, softcap, window,
+                       scale, softcap, window, sinks_ptr,
                        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BS: tl.constexpr,
-                       BLOCK_L: tl.constexpr, SOFTCAP: tl.constexpr):
+                       BLOCK_L: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr):
     # q f32 (T, Hq, D), caches (NB, BS, Hkv, D) -> out f32 (T, Hq, D) for row tl.program_id(0), kv head (1).
     t = tl.program_id(0).to(tl.int64)
     hk = tl.program_id(1)
@@ -45,8 +45,12 @@ def _paged_rows_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, row_seq_ptr, ro
     heads = hk * G + g
     q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=gd_ok, other=0.0)
     lo = tl.where(window > 0, tl.maximum(p - window + 1, 0), 0)
-    m_i = tl.full((GP,), float("-inf"), tl.float32)
-    l_i = tl.zeros((GP,), tl.float32)
+    if SINKS:  # a per-head logit in the denominator only: the online softmax starts at (sink, 1)
+        m_i = tl.load(sinks_ptr + heads, mask=g < G, other=float("-inf")).to(tl.float32)
+        l_i = tl.where(g < G, 1.0, 0.0)
+    else:
+        m_i = tl.full((GP,), float("-inf"), tl.float32)
+        l_i = tl.zeros((GP,), tl.float32)
     acc = tl.zeros((GP, DP), tl.float32)
     # Every tile holds at least one visible key (the first holds lo, the others start at or past it), so
     # the running max is finite after the first tile and no row divides by zero.
@@ -89,15 +93,16 @@ class RowLayout:
 
 
 def paged_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: RowLayout,
-                         block_tables: torch.Tensor, scale: float, sliding_window: int = 0, softcap: float = 0.0
-                         ) -> torch.Tensor:
+                         block_tables: torch.Tensor, scale: float, sliding_window: int = 0, softcap: float = 0.0,
+                         sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q f32 (T, Hq, D) -> f32 (T, Hq, D); rows outside `layout` (padding) come out zero.
 
     Args:
         k_cache, v_cache: (num_blocks, block_size, Hkv, D), float16 or float32, on q's device.
         layout: RowLayout(query_start_loc, seq_lens, q.device).
         block_tables: int (S, max_blocks) on q's device.
-        scale, sliding_window (0 = full), softcap (0 = none): as gpu_kernels.attention.paged_attention.
+        scale, sliding_window (0 = full), softcap (0 = none), sinks (None or f32 (Hq,)): as
+        gpu_kernels.attention.paged_attention.
     """
     T, Hq, D = q.shape
     NB, BS, Hkv = k_cache.shape[:3]
@@ -116,6 +121,7 @@ def paged_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         qr.stride(0), qr.stride(1), outr.stride(0), outr.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), tables.stride(0),
         float(np.float32(scale)), float(softcap), int(sliding_window),
+        qr if sinks is None else sinks.to(torch.float32).contiguous(),  # unread without sinks
         G=G, GP=max(16, triton.next_power_of_2(G)), D=D, DP=max(16, triton.next_power_of_2(D)), BS=BS,
-        BLOCK_L=BLOCK_L, SOFTCAP=softcap > 0, num_warps=4, enable_fp_fusion=True)
+        BLOCK_L=BLOCK_L, SOFTCAP=softcap > 0, SINKS=sinks is not None, num_warps=4, enable_fp_fusion=True)
     return out

@@ -14,7 +14,8 @@ import triton.language as tl
 
 Q = gguf.GGMLQuantizationType
 # The gguf type ids the kernels are specialized on (a constexpr per launch).
-FORMAT_IDS = {q: int(q) for q in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)}
+FORMAT_IDS = {q: int(q) for q in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+                                  Q.MXFP4)}
 
 
 @triton.jit
@@ -148,6 +149,18 @@ def _q6_k(blk, e, mask):
 
 
 @triton.jit
+def _mxfp4(blk, e, mask):
+    # 2^(e8 - 128) (ggml's E8M0_TO_FP32_HALF bits, subnormal below 2) times the code's kvalue, as gguf computes it.
+    e8 = _u8(blk, mask)
+    bits = tl.where(e8 < 2, 0x00200000 << e8, (e8 - 1) << 23)
+    d = bits.to(tl.float32, bitcast=True)
+    code = _nibble32(blk + 1, e, mask)
+    m = code & 7
+    mag = tl.where(m < 4, m, (2 + (m & 1)) << tl.maximum((m >> 1) - 1, 0))  # 4, 6, 8, 12 for 4..7
+    return d * tl.where(code >= 8, -mag, mag).to(tl.float32)
+
+
+@triton.jit
 def dequant(FMT: tl.constexpr, blk, e, mask):
     """Values of the elements at (blk, e) for gguf type id FMT (a key of FORMAT_IDS), float32."""
     if FMT == 2:
@@ -168,6 +181,8 @@ def dequant(FMT: tl.constexpr, blk, e, mask):
         w = _q4_k(blk, e, mask)
     elif FMT == 13:
         w = _q5_k(blk, e, mask)
+    elif FMT == 39:
+        w = _mxfp4(blk, e, mask)
     else:
         tl.static_assert(FMT == 14, "dequant: no Triton dequantizer for this gguf type")
         w = _q6_k(blk, e, mask)

@@ -54,15 +54,17 @@ class HostKVTier:
 
     def nbytes(self) -> int:
         total = 0
-        for k, _ in self.layers.values():
+        for k, v in self.layers.values():
             per_block = k[0].nbytes if isinstance(k, np.ndarray) else k[0].numel() * k.element_size()
-            total += 2 * self.num_blocks * per_block
+            total += (1 if v is k else 2) * self.num_blocks * per_block
         return total
 
     def _ensure(self) -> dict:
         if self._host is None:
-            self._host = {i: (_host_like(k, self.num_blocks), _host_like(v, self.num_blocks))
-                          for i, (k, v) in self.layers.items()}
+            self._host = {}
+            for i, (k, v) in self.layers.items():
+                hk = _host_like(k, self.num_blocks)
+                self._host[i] = (hk, hk if v is k else _host_like(v, self.num_blocks))  # V is K: one copy (MLA)
         return self._host
 
     def _check(self, device_ids, host_ids) -> tuple[list[int], list[int]]:
@@ -81,7 +83,8 @@ class HostKVTier:
         host = self._ensure()
         for i, (k, v) in self.layers.items():
             _copy_blocks(k, d, host[i][0], h)
-            _copy_blocks(v, d, host[i][1], h)
+            if v is not k:
+                _copy_blocks(v, d, host[i][1], h)
 
     def swap_in(self, host_ids, device_ids) -> None:
         """Copies RAM blocks host_ids[j] -> device blocks device_ids[j], in every layer."""
@@ -91,4 +94,5 @@ class HostKVTier:
         host = self._ensure()
         for i, (k, v) in self.layers.items():
             _copy_blocks(host[i][0], h, k, d)
-            _copy_blocks(host[i][1], h, v, d)
+            if v is not k:
+                _copy_blocks(host[i][1], h, v, d)

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 import gguf
 import numpy as np
 
+from engine.core.kv_spec import LayerCache, LayerKV, is_paged
+
 Q = gguf.GGMLQuantizationType
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
@@ -58,16 +60,25 @@ class ModelMeta:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     tensors: tuple[TensorMeta, ...] = ()
-    # Hybrid models (linear attention): the layers with paged K/V (None: all) and each layer's state bytes per sequence
-    kv_layers: tuple[int, ...] | None = None
-    state_bytes: tuple[int, ...] = ()
+    # each layer's cache (Architecture.kv_layout: core/kv_spec.LayerKV, or LayerState for a linear-attention layer);
+    # (): K and V of the kv heads in every layer
+    kv_layout: tuple[LayerCache, ...] = ()
+
+    def layer_cache(self, layer: int) -> LayerCache:
+        return self.kv_layout[layer] if self.kv_layout else LayerKV(self.num_kv_heads, self.head_dim)
 
     def has_kv(self, layer: int) -> bool:
-        return self.kv_layers is None or layer in self.kv_layers
+        """The layer keeps paged blocks (not a per-sequence state)."""
+        return is_paged(self.layer_cache(layer))
 
     def state_bytes_of(self, layer: int) -> int:
-        """One sequence's state in this layer (0 for an attention layer)."""
-        return self.state_bytes[layer] if self.state_bytes else 0
+        """One sequence's state in this layer (0 for a paged layer)."""
+        return self.layer_cache(layer).bytes_per_sequence
+
+    @property
+    def has_states(self) -> bool:
+        """Some layers keep a per-sequence state (a hybrid model: the planner counts state pools)."""
+        return any(self.state_bytes_of(i) for i in range(self.num_layers))
 
     def layer_tensors(self, layer: int) -> list[TensorMeta]:
         return [t for t in self.tensors if t.layer == layer]
@@ -82,6 +93,13 @@ class ModelMeta:
     @property
     def is_moe(self) -> bool:
         return any(t.is_expert for t in self.tensors)
+
+    @property
+    def kv(self) -> LayerKV:
+        """The paged layers' cache as the planner counts it, every one alike: the largest paged layer's."""
+        paged = [self.layer_cache(i) for i in range(self.num_layers) if self.has_kv(i)]
+        return max(paged, key=lambda k: k.bytes_per_block(1, "fp16"), default=LayerKV(self.num_kv_heads,
+                                                                                       self.head_dim))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -102,16 +120,13 @@ def model_meta(ws) -> ModelMeta:
     return ModelMeta(name, cfg.arch, cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size,
                      cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.max_position_embeddings, tied,
                      cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, tuple(tensors),
-                     *_cache_fields(cfg))
+                     _kv_layout(cfg))
 
 
-def _cache_fields(cfg) -> tuple:
-    """(kv_layers, state_bytes) of ModelMeta: None and () for a model whose every layer keeps paged K/V."""
-    from engine.model.cache_layout import cache_layout
-    layout = cache_layout(cfg)
-    if not layout.hybrid:
-        return None, ()
-    return layout.kv_layers, tuple(layout.state_bytes_per_layer(i) for i in range(cfg.num_layers))
+def _kv_layout(cfg) -> tuple[LayerCache, ...]:
+    """Each layer's cache, as the architecture's BlockSpecs declare it."""
+    from engine.model.registry import architecture
+    return architecture(cfg.arch).kv_layout(cfg)
 
 
 def model_meta_from_path(path: str) -> ModelMeta:
@@ -131,6 +146,16 @@ SHAPES: dict[str, dict] = {
                               num_heads=32, num_kv_heads=4, head_dim=128, vocab_size=151936,
                               max_position_embeddings=40960, num_experts=128, num_experts_per_tok=8,
                               moe_intermediate_size=768),
+    "gpt-oss-20b": dict(arch="gpt-oss", num_layers=24, hidden_size=2880, intermediate_size=2880, num_heads=64,
+                        num_kv_heads=8, head_dim=64, vocab_size=201088, max_position_embeddings=131072,
+                        num_experts=32, num_experts_per_tok=4, moe_intermediate_size=2880),
+    # DeepSeek-V3's dims with 3 of its 61 layers (one dense, two MoE): the latent cache, 256 experts
+    "deepseek-v3-3l": dict(arch="deepseek2", num_layers=3, hidden_size=7168, intermediate_size=18432, num_heads=128,
+                           num_kv_heads=1, head_dim=192, vocab_size=129280, max_position_embeddings=163840,
+                           num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, rope_dim=64,
+                           value_head_dim=128, q_lora_rank=1536, kv_lora_rank=512, expert_shared_count=1,
+                           expert_group_count=8, expert_group_used_count=4, expert_weights_scale=2.5,
+                           expert_gating="sigmoid", expert_selection_bias=True, dense_layers=(0,)),
     "gemma-3-270m": dict(arch="gemma3", num_layers=18, hidden_size=640, intermediate_size=2048, num_heads=4,
                          num_kv_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
                          tie_word_embeddings=True),
@@ -146,7 +171,7 @@ SHAPES: dict[str, dict] = {
                             linear_layers=tuple(i for i in range(40) if (i + 1) % 4), ssm_conv_kernel=4,
                             ssm_num_k_heads=16, ssm_num_v_heads=32, ssm_k_head_dim=128, ssm_v_head_dim=128),
 }
-QUANTS = ("q4_k_m", "q4_0", "q8_0", "q6_k", "f16", "bf16", "f32")
+QUANTS = ("q4_k_m", "q4_0", "q8_0", "q6_k", "f16", "bf16", "f32", "mxfp4")
 
 
 def _use_more_bits(i: int, n: int) -> bool:
@@ -161,7 +186,34 @@ def _qtype(quant: str, name: str, layer: int | None, n_layers: int, tied: bool) 
         if (".attn_v." in name or ".ffn_down" in name) and layer is not None and _use_more_bits(layer, n_layers):
             return Q.Q6_K
         return Q.Q4_K
+    if quant == "mxfp4":  # llama.cpp's MOSTLY_MXFP4_MOE (gpt-oss): MXFP4 experts, Q8_0 elsewhere
+        return Q.MXFP4 if "_exps." in name else Q.Q8_0
     return Q[quant.upper()]
+
+
+def shape_config(s: dict):
+    """The ModelConfig of a shape description (see SHAPES): its keys that are ModelConfig fields, 0 for the
+    required ones it leaves out."""
+    import dataclasses
+    from engine.model.config import ModelConfig
+    fields = {f.name: f for f in dataclasses.fields(ModelConfig)}
+    kw = {k: v for k, v in s.items() if k in fields}
+    for name, f in fields.items():
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            kw.setdefault(name, 0)
+    return ModelConfig(**kw)
+
+
+# llama.cpp's quantize: a k-quant whose rows do not fill its 256-value blocks takes this type instead
+FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.Q2_K: Q.IQ4_NL, Q.Q3_K: Q.IQ4_NL}
+
+
+def fit_rows(t: Q, shape: tuple[int, ...]) -> Q:
+    """t, or llama.cpp's replacement where shape's rows are not whole blocks of t (DeepSeek's attn_k_b rows are
+    128 wide); F16 where no block type fits."""
+    while shape[-1] % gguf.GGML_QUANT_SIZES[t][0]:
+        t = FALLBACK.get(t, Q.F16)
+    return t
 
 
 def layer_tensor_shapes(s: dict, layer: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -170,17 +222,6 @@ def layer_tensor_shapes(s: dict, layer: int) -> list[tuple[str, tuple[int, ...]]
     from engine.model.registry import architecture
     cfg = shape_config(s)
     return [(f"blk.{layer}.{n}", shape) for n, shape in architecture(cfg.arch).block(cfg, layer).tensors(cfg).items()]
-
-
-def shape_config(s: dict):
-    """The ModelConfig of a shape description (its ModelConfig keys; the required ones 0 when absent)."""
-    from dataclasses import fields
-
-    from engine.model.config import ModelConfig
-    names = {f.name for f in fields(ModelConfig)}
-    required = ("arch", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                "head_dim")
-    return ModelConfig(**{**{k: 0 for k in required}, **{k: v for k, v in s.items() if k in names}})
 
 
 def synthetic_meta(shape: str | dict, quant: str = "q4_k_m", name: str | None = None) -> ModelMeta:
@@ -201,14 +242,15 @@ def synthetic_meta(shape: str | dict, quant: str = "q4_k_m", name: str | None = 
     tensors = []
     for n, shp in shapes:
         layer = int(_LAYER.match(n).group(1)) if _LAYER.match(n) else None
-        small = len(shp) == 1 or "ffn_gate_inp" in n or "ssm_conv1d" in n  # F32 in llama.cpp's files too
-        t = Q.F32 if small else _qtype(quant, n, layer, L, tied)
+        small = (len(shp) == 1 or "ffn_gate_inp" in n or n.endswith(".bias")  # experts' biases are (E, N)
+                 or "ssm_conv1d" in n)  # F32 in llama.cpp's files too
+        t = Q.F32 if small else fit_rows(_qtype(quant, n, layer, L, tied), shp)
         tensors.append(TensorMeta(n, t.name, shp, _nbytes(t, shp)))
     label = name or (shape if isinstance(shape, str) else s.get("name", "synthetic")) + f"-{quant}"
     return ModelMeta(label, s["arch"], L, H, s["intermediate_size"], V, s["num_heads"], s["num_kv_heads"],
                      s["head_dim"], s["max_position_embeddings"], tied, s.get("num_experts", 0),
                      s.get("num_experts_per_tok", 0), s.get("moe_intermediate_size", 0), tuple(tensors),
-                     *_cache_fields(shape_config(s)))
+                     _kv_layout(shape_config(s)))
 
 
 def _nbytes(t: Q, shape: tuple[int, ...]) -> int:

@@ -357,7 +357,7 @@ class _Planner(SizeModel):
         cpu_work = T * (4 * m.hidden_size + 3 * max(m.intermediate_size, m.moe_intermediate_size)) * 4
         ram_use = DeviceUsage("cpu", self.ram.free_bytes, ram_w,
                               # the tier holds a swapped block's KV in every layer (one block id space)
-                              blocks * per * kv_by.get("cpu", 0) + tier * per * len(layers)
+                              blocks * per * kv_by.get("cpu", 0) + tier * per * self.n_kv_layers
                               + self.state_bytes(choices, False), cpu_work)
         usage.append(ram_use)
         if g is not None and (gpu_w or gpu_kv_layers or out_gpu):
@@ -375,7 +375,7 @@ class _Planner(SizeModel):
                             + ", ".join(f"{n} layer(s) in {'RAM' if d == 'cpu' else d}" for d, n in kv_by.items())
                             + (" (--kv-offload: attention of GPU layers runs on the CPU over it)" if o.kv_offload
                                and gpu_kv_layers == 0 and len(kv_by) else "")
-                            + (f"; a RAM tier of {tier} blocks ({gib(tier * per * len(layers))}) behind the GPU"
+                            + (f"; a RAM tier of {tier} blocks ({gib(tier * per * self.n_kv_layers)}) behind the GPU"
                                " blocks" if tier else ""))
         if self.state_slots:
             linear = [i for i in range(self.L) if self.m.state_bytes_of(i)]

@@ -1,7 +1,8 @@
 """The size model behind the planner: what each placement of each tensor costs on each device.
 
 Bytes on a GPU: packed GGUF blocks as stored, or numel x the dtype dequantized to; norms, biases and MoE
-routers in float32. KV: 2 (K and V) x block_size x kv heads x head_dim x the KV dtype per block per layer. Work:
+routers in float32. KV: 2 (K and V; 1 where V is K, MLA's latent) x block_size x kv heads x head_dim x the KV dtype
+per block per layer (ModelMeta.kv, from the architecture's BlockSpecs). Work:
 activations of max_num_batched_tokens rows, attention scratch, dequantization tiles, staging for
 streamed layers and the logits of the rows that sample. Margin: the runtime's own (CUDA context).
 """
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import math
 
-from engine.core.kv_spec import KV_RAM_FRACTION, bytes_per_block_per_layer
+from engine.core.kv_spec import KV_RAM_FRACTION
 from offload.devices import Devices, DeviceInfo
 from offload.meta import ModelMeta, TensorMeta
 from offload.plan_types import GIB, DeviceUsage, PlanOptions, gib
@@ -20,7 +21,7 @@ from offload.plan_types import GIB, DeviceUsage, PlanOptions, gib
 MIB = 1 << 20
 # Types gpu_kernels/dequant.py can keep packed on a device (a test checks the two agree).
 DEVICE_PACKED_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
-                                 "Q4_K", "Q5_K", "Q6_K"})
+                                 "Q4_K", "Q5_K", "Q6_K", "MXFP4"})
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 ATTN_SCRATCH = 256 * MIB   # gpu_kernels.attention.SCRATCH_BYTES
 # llama.cpp's --fit-ctx default: the least context `auto` keeps room for when --max-model-len was not chosen.
@@ -81,13 +82,12 @@ class SizeModel:
         self.ram = devices.ram
         self.gpu: DeviceInfo | None = None
         self.units = [self._layer_units(i) for i in range(self.L)]
-        self.block_layer_bytes = bytes_per_block_per_layer(o.block_size, meta.num_kv_heads, meta.head_dim,
-                                                           o.kv_cache_dtype)
-        # Hybrid models: only attention layers hold KV blocks; linear-attention layers hold state_slots states each
+        self.block_layer_bytes = meta.kv.bytes_per_block(o.block_size, o.kv_cache_dtype)
+        # Hybrid models: only paged layers hold KV blocks; linear-attention layers hold state_slots states each
         # (the engine's count when it plans, else one live state per running request and the scratch slot).
         self.kv_flags = [meta.has_kv(i) for i in range(self.L)]
         self.n_kv_layers = sum(self.kv_flags)
-        self.state_slots = (o.num_state_slots or o.max_num_seqs + 1) if meta.state_bytes else 0
+        self.state_slots = (o.num_state_slots or o.max_num_seqs + 1) if meta.has_states else 0
         self.ignore_rules = False
         self._layer_bytes: dict[tuple, tuple[int, int, int]] = {}
         # KV blocks (the null block included) that requests can use at once, and the least `auto` keeps room for.

@@ -1,6 +1,6 @@
 """quantize(ggml_type, w f32 (N, K)) -> raw uint8 (N, bytes_per_row), as a GGUF file stores it.
 
-The legacy formats and BF16 use gguf's own quantizers (bit-exact with llama.cpp's reference); the
+The legacy formats, MXFP4 and BF16 use gguf's own quantizers (bit-exact with llama.cpp's reference); the
 K-quants, which gguf cannot quantize, get simple min-max / absmax quantizers per sub-block (no
 llama.cpp-style search, so somewhat larger errors): good enough for tests and synthetic models.
 """
@@ -117,7 +117,7 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
 
 
 _K_QUANTIZERS = {Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k}
-_GGUF_QUANTIZERS = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.BF16)
+_GGUF_QUANTIZERS = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.BF16, Q.MXFP4)
 
 
 def quantize(ggml_type, w: np.ndarray) -> np.ndarray:

@@ -97,6 +97,23 @@ def q5_0_numpy(raw):
     return tuple(np.ascontiguousarray(a).reshape(G, -1) for a in (qs, words, d))
 
 
+def mxfp4(raw):
+    """-> qs uint8 (G, K * 4), e uint8 (G, K / 4): k_mxfp4.py's layout (rows interleaved 8 by 8, the nibbles placed
+    as Q5_0's qs, the E8M0 exponents as one byte per row and block). Value = kvalues[q] * 2^(e - 128)."""
+    from . import repack_fast
+    return repack_fast.mxfp4(_byte_rows(raw))
+
+
+def mxfp4_numpy(raw):
+    """mxfp4 in numpy (the reference repack_fast is tested against)."""
+    b = _blocks(raw, 17)
+    N, nb = b.shape[:2]
+    G = -(-N // 8)
+    qs = _pad8(b[..., 1:]).reshape(G, 8, nb, 4, 4).transpose(0, 2, 3, 1, 4)  # (g, b, k, row, i)
+    e = np.moveaxis(_pad8(b[..., 0]).reshape(G, 8, nb), 1, -1)
+    return tuple(np.ascontiguousarray(a).reshape(G, -1) for a in (qs, e))
+
+
 def q5_1(raw):
     """-> qs, qh, d, m as Q5_0 plus the block min m. Value = d * q + m."""
     b = _blocks(raw, 24)

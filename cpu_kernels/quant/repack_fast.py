@@ -41,6 +41,14 @@ def q5_0(raw):
     return out
 
 
+def mxfp4(raw):
+    """raw uint8 (N, nb * 17) -> qs uint8 (G, nb * 128), e uint8 (G, nb * 8): k_mxfp4's layout (Q5_0's nibbles)."""
+    nb = raw.shape[1] // 17
+    out = _arrays(raw.shape[0], (nb * 128, np.uint8, 0), (nb * 8, np.uint8, 0))
+    _mxfp4(raw, *out)
+    return out
+
+
 def q4_k(raw):
     """raw uint8 (N, ns * 144) -> repack.q4_k_numpy's arrays (k_kquants_x8's layout)."""
     ns = raw.shape[1] // 144
@@ -98,6 +106,21 @@ def _q5_0(raw, qs, qh, d):
                     qh[g, 8 * b + k] |= ((h >> np.uint32(4 * k)) & np.uint32(15)) << np.uint32(4 * r)
                 for e in range(16):
                     qs[g, 128 * b + 32 * (e >> 2) + 4 * r + (e & 3)] = raw[n, o + 6 + e]
+
+
+@njit(parallel=True, cache=CACHE)
+def _mxfp4(raw, qs, e):
+    N = raw.shape[0]
+    nb = raw.shape[1] // 17
+    G = qs.shape[0]
+    for g in prange(G):
+        for r in range(min(8, N - 8 * g)):
+            n = 8 * g + r
+            for b in range(nb):
+                o = b * 17
+                e[g, 8 * b + r] = raw[n, o]
+                for j in range(16):
+                    qs[g, 128 * b + 32 * (j >> 2) + 4 * r + (j & 3)] = raw[n, o + 1 + j]
 
 
 @njit(parallel=True, cache=CACHE)

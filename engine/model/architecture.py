@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.core.kv_spec import LayerCache
 from engine.model.spec import BlockSpec
 
 
@@ -30,6 +31,12 @@ class Architecture:
     def hf_config(self, cfg: dict, kw: dict[str, Any], need) -> None:
         """Reads this architecture's own config.json keys into ModelConfig fields (need(key): a required key)."""
 
+    def hf_split(self, cfg, suffix: str) -> dict | None:
+        """GGUF tensors llama.cpp's converter computes from one per-layer HF tensor (suffix: the name after
+        model.layers.{i}., e.g. self_attn.kv_b_proj.weight): {name relative to blk.{i}.: (numpy shape, function of
+        the HF array)}, or None where the tensor maps as it is."""
+        return None
+
     def hf_rename(self, name: str, cfg) -> str:
         """An HF tensor name (language-model prefixes already stripped) as the generic maps should see it (Qwen3.5
         moves its mtp.* tensors to the layer after the main ones); cfg: the ModelConfig read from config.json."""
@@ -45,9 +52,20 @@ class Architecture:
         window = int(cfg.get("sliding_window") or 0)
         return (window,) * num_layers if window > 0 else ()
 
+    def hf_tensor(self, weights, hf_name: str, src, sources: dict) -> bool:
+        """Maps an HF tensor this architecture stores its own way (weights.add_tensor) and returns True, or False
+        for the generic mapping (hf.LAYER_MAP, stacked experts). sources: every HF name -> its src, for tensors
+        that come in parts (gpt-oss's MXFP4 blocks and scales)."""
+        return False
+
     def gguf_metadata(self, cfg) -> dict[str, Any]:
         """This architecture's own GGUF keys (without the `{arch}.` prefix) for a file written from cfg."""
         return {}
 
     def block(self, cfg, layer: int) -> BlockSpec:
         raise NotImplementedError
+
+    def kv_layout(self, cfg) -> tuple[LayerCache, ...]:
+        """Each layer's cache, from its BlockSpec: paged blocks (LayerKV) or a per-sequence state (LayerState). The
+        runner allocates it, the loader sizes the pools with it, the planner, the placement and `info` count it."""
+        return tuple(self.block(cfg, i).kv(cfg) for i in range(cfg.num_layers))

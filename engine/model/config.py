@@ -19,7 +19,7 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_theta_local: float = 0.0  # gemma3: base for sliding-window layers (0 = same as rope_theta)
+    rope_theta_local: float = 0.0  # gemma3, gpt-oss: base for sliding-window layers (0 = same as rope_theta)
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
@@ -40,11 +40,19 @@ class ModelConfig:
     expert_group_count: int = 1         # group-limited routing (DeepSeek): groups, and groups kept
     expert_group_used_count: int = 1
     expert_weights_scale: float = 1.0   # routed_scaling_factor
+    expert_selection_bias: bool = False  # exp_probs_b.bias (DeepSeek's correction bias) joins the choice
+    shared_expert_intermediate_size: int = 0  # one shared expert this wide (qwen3.5; else expert_shared_count)
     # Attention variants
     rope_dim: int = 0                   # rotated dims of a head (partial rotary); 0 = head_dim
     attn_bias: bool = False             # q/k/v biases
+    attn_out_bias: bool = False         # o_proj bias (gpt-oss)
     qk_norm: bool = False               # per-head RMSNorm of q and k before RoPE
-    shared_expert_intermediate_size: int = 0  # one shared expert this wide (qwen3.5; else expert_shared_count)
+    value_head_dim: int = 0             # 0 = head_dim (MLA's values are narrower than its query/key heads)
+    # MLA (deepseek2): head_dim is a query/key head (nope + rope dims), rope_dim its rope part, num_kv_heads 1
+    q_lora_rank: int = 0                # q's low-rank projection; 0 = attn_q straight from the input
+    kv_lora_rank: int = 0               # the cached latent's width
+    rope_yarn_log_mul: float = 0.0      # llama.cpp's yarn_log_multiplier (0.1 mscale_all_dim): YaRN multiplies
+                                        # the softmax scale by (1 + it ln factor)^2
     # Linear attention (Gated DeltaNet, qwen3.5): which layers, and the geometry of their per-sequence state
     linear_layers: tuple[int, ...] = ()  # layers that are linear attention (the others full attention)
     ssm_conv_kernel: int = 0             # the causal conv1d's width

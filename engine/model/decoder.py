@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from cpu_kernels import activations
+from engine.core.kv_spec import layout_state_bytes
 from engine.model.block import Block
 from engine.model.config import ModelConfig
 from engine.model.parts.linear import Linear, has
@@ -29,11 +30,13 @@ class DecoderModel:
         tied = config.tie_word_embeddings or not has(ws, "output.weight")
         self.lm_head = self.embed if tied else Linear(ws, "output.weight", None, batch_invariant)
         shared: dict = {}  # what layers share (RoPE tables)
-        self.specs = [arch.block(config, i) for i in range(config.num_layers)]
-        self.blocks = [Block(spec, ws, config, i, batch_invariant, shared) for i, spec in enumerate(self.specs)]
+        self.blocks = [Block(arch.block(config, i), ws, config, i, batch_invariant, shared)
+                       for i in range(config.num_layers)]
+        # each layer's cache (core/kv_spec: paged LayerKV, or a LayerState for a linear-attention layer)
+        self.kv_layout = arch.kv_layout(config)
         # Linear-attention layers keep a state per sequence in a pool of slots (slot 0: scratch for the warm-up and
         # single-sequence callers); the loader sets the engine's count from the cache budget.
-        self.num_state_slots = DEFAULT_STATE_SLOTS if any(s.state_shapes() for s in self.specs) else 0
+        self.num_state_slots = DEFAULT_STATE_SLOTS if layout_state_bytes(self.kv_layout) else 0
 
     def embed_tokens(self, input_ids: np.ndarray) -> np.ndarray:
         x = self.embed.weight.embed(np.ascontiguousarray(input_ids, dtype=np.int64))
@@ -58,10 +61,3 @@ class DecoderModel:
         if self.config.final_logit_softcap:
             activations.softcap(logits, self.config.final_logit_softcap)
         return logits
-
-    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
-        return (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
-
-    def state_shapes(self, layer: int, num_slots: int) -> tuple[tuple[int, ...], ...]:
-        """The float32 state pools of a linear-attention layer ((num_slots, *one sequence's shape) each), or ()."""
-        return tuple((num_slots, *shape) for shape in self.specs[layer].state_shapes())

@@ -19,7 +19,10 @@ from engine.model.registry import architecture
 
 # Token texts llama.cpp also treats as end-of-generation when they are in the vocabulary.
 _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-              "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
+              "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<|return|>", "<|call|>")
+# gpt-oss's harmony format: <|end|> closes a message (the analysis channel's too) and generation goes on; it
+# stops at <|return|> or <|call|>. llama.cpp drops <|end|> from its EOG set when all three are in the vocabulary.
+_HARMONY_STOPS = ("<|return|>", "<|call|>")
 
 
 class _Meta:
@@ -80,9 +83,14 @@ def _token_ids(gf: GGUFFile) -> tuple[int | None, tuple[int, ...]]:
     tokens = md.get("tokenizer.ggml.tokens")
     if isinstance(tokens, list):
         wanted = set(_EOG_TEXTS)
+        found: dict[str, int] = {}
         for i, t in enumerate(tokens):
-            if t in wanted and i not in eos:
-                eos.append(i)
+            if t in wanted:
+                found.setdefault(t, i)
+                if i not in eos:
+                    eos.append(i)
+        if "<|end|>" in found and all(t in found for t in _HARMONY_STOPS):
+            eos = [i for i in eos if i != found["<|end|>"]]
     return (bos if isinstance(bos, int) and not isinstance(bos, bool) else None), tuple(eos)
 
 
@@ -117,8 +125,6 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         raise ModelLoadError(f"{gf.path}: head counts {num_heads}/{num_kv_heads} (q/kv) are not usable")
     head_dim = m.num("attention.key_length", hidden // num_heads)
     value_dim = m.num("attention.value_length", head_dim)
-    if value_dim != head_dim:
-        raise ModelLoadError(f"{gf.path}: key_length {head_dim} != value_length {value_dim} is not supported")
     rope_dim = m.num("rope.dimension_count", head_dim)
     if not 0 < rope_dim <= head_dim or rope_dim % 2:
         raise ModelLoadError(f"{gf.path}: rope.dimension_count {rope_dim} does not fit head_dim {head_dim}")
@@ -145,4 +151,6 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         name=str(gf.metadata.get("general.name", "")),
     )
     arch.gguf_config(m, kw)
+    if value_dim != head_dim and "value_head_dim" not in kw:  # only an architecture that reads them itself (MLA)
+        raise ModelLoadError(f"{gf.path}: key_length {head_dim} != value_length {value_dim} is not supported")
     return ModelConfig(**kw)

@@ -1,7 +1,7 @@
 """Write a GGUF file from GGUF-named float tensors and a ModelConfig (tests and bench writers use it)."""
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import gguf
 import numpy as np
@@ -24,58 +24,68 @@ def default_qtype(quant: Q) -> Callable[[str, tuple], Q]:
     return pick
 
 
-def write_metadata(w: gguf.GGUFWriter, cfg: ModelConfig) -> None:
-    a = cfg.arch
-    w.add_name(cfg.name or a)
-    w.add_uint32(f"{a}.context_length", cfg.max_position_embeddings)
-    w.add_uint32(f"{a}.embedding_length", cfg.hidden_size)
-    w.add_uint32(f"{a}.block_count", cfg.num_layers + cfg.nextn_layers)  # llama.cpp counts the MTP layers
+def gguf_metadata(cfg: ModelConfig) -> dict[str, Any]:
+    """The keys llama.cpp reads for cfg (with the `{arch}.` prefix; ints are written uint32, floats float32): those
+    every architecture shares, then the architecture's own (Architecture.gguf_metadata), which may replace some."""
+    from engine.model.registry import architecture
+    md: dict[str, Any] = {
+        "context_length": cfg.max_position_embeddings, "embedding_length": cfg.hidden_size,
+        "block_count": cfg.num_layers + cfg.nextn_layers,  # llama.cpp counts the MTP layers
+    }
     if cfg.nextn_layers:
-        w.add_uint32(f"{a}.nextn_predict_layers", cfg.nextn_layers)
-    w.add_uint32(f"{a}.feed_forward_length", cfg.intermediate_size)
-    w.add_uint32(f"{a}.attention.head_count", cfg.num_heads)
-    w.add_uint32(f"{a}.attention.head_count_kv", cfg.num_kv_heads)
-    w.add_uint32(f"{a}.attention.key_length", cfg.head_dim)
-    w.add_uint32(f"{a}.attention.value_length", cfg.head_dim)
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
-    w.add_float32(f"{a}.rope.freq_base", cfg.rope_theta)
-    w.add_uint32(f"{a}.rope.dimension_count", cfg.rope_dim or cfg.head_dim)
+        md["nextn_predict_layers"] = cfg.nextn_layers
+    md.update({"feed_forward_length": cfg.intermediate_size, "attention.head_count": cfg.num_heads,
+               "attention.head_count_kv": cfg.num_kv_heads, "attention.key_length": cfg.head_dim,
+               "attention.value_length": cfg.head_dim,
+               "attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps), "rope.freq_base": float(cfg.rope_theta),
+               "rope.dimension_count": cfg.rope_dim or cfg.head_dim})
     rs = cfg.rope_scaling
     if rs.type not in ("none", "llama3"):  # llama3 travels as the rope_freqs.weight tensor
-        w.add_string(f"{a}.rope.scaling.type", rs.type)
-        w.add_float32(f"{a}.rope.scaling.factor", rs.factor)
+        md["rope.scaling.type"] = rs.type
+        md["rope.scaling.factor"] = float(rs.factor)
         if rs.original_max_position:
-            w.add_uint32(f"{a}.rope.scaling.original_context_length", rs.original_max_position)
+            md["rope.scaling.original_context_length"] = rs.original_max_position
+        if rs.type == "yarn":
+            md["rope.scaling.yarn_beta_fast"] = float(rs.beta_fast)
+            md["rope.scaling.yarn_beta_slow"] = float(rs.beta_slow)
     windows = [x for x in cfg.layer_sliding_window if x]
     if windows:
-        w.add_uint32(f"{a}.attention.sliding_window", windows[0])
+        md["attention.sliding_window"] = windows[0]
     if cfg.final_logit_softcap:
-        w.add_float32(f"{a}.final_logit_softcapping", cfg.final_logit_softcap)
+        md["final_logit_softcapping"] = float(cfg.final_logit_softcap)
     if cfg.attn_logit_softcap:
-        w.add_float32(f"{a}.attn_logit_softcapping", cfg.attn_logit_softcap)
+        md["attn_logit_softcapping"] = float(cfg.attn_logit_softcap)
     if cfg.num_experts:
-        w.add_uint32(f"{a}.expert_count", cfg.num_experts)
-        w.add_uint32(f"{a}.expert_used_count", cfg.num_experts_per_tok)
-        w.add_uint32(f"{a}.expert_feed_forward_length", cfg.moe_intermediate_size)
-        w.add_bool(f"{a}.expert_weights_norm", cfg.norm_topk_prob)
-        w.add_uint32(f"{a}.expert_gating_func", {"softmax": 1, "sigmoid": 2}.get(cfg.expert_gating, 1))
+        md.update({"expert_count": cfg.num_experts, "expert_used_count": cfg.num_experts_per_tok,
+                   "expert_feed_forward_length": cfg.moe_intermediate_size,
+                   "expert_weights_norm": bool(cfg.norm_topk_prob)})
+        if cfg.expert_gating in ("softmax", "sigmoid"):  # gpt-oss's topk_softmax is its architecture's own
+            md["expert_gating_func"] = {"softmax": 1, "sigmoid": 2}[cfg.expert_gating]
         if cfg.expert_shared_count:
-            w.add_uint32(f"{a}.expert_shared_count", cfg.expert_shared_count)
+            md["expert_shared_count"] = cfg.expert_shared_count
         if cfg.expert_weights_scale != 1.0:
-            w.add_float32(f"{a}.expert_weights_scale", cfg.expert_weights_scale)
+            md["expert_weights_scale"] = float(cfg.expert_weights_scale)
         if cfg.expert_group_count > 1:
-            w.add_uint32(f"{a}.expert_group_count", cfg.expert_group_count)
-            w.add_uint32(f"{a}.expert_group_used_count", cfg.expert_group_used_count)
+            md["expert_group_count"] = cfg.expert_group_count
+            md["expert_group_used_count"] = cfg.expert_group_used_count
         if cfg.dense_layers and cfg.dense_layers == tuple(range(len(cfg.dense_layers))):
-            w.add_uint32(f"{a}.leading_dense_block_count", len(cfg.dense_layers))
-    from engine.model.registry import architecture
-    for key, value in architecture(a).gguf_metadata(cfg).items():  # the architecture's own keys
-        _add_kv(w, f"{a}.{key}", value)
+            md["leading_dense_block_count"] = len(cfg.dense_layers)
+    md.update(architecture(cfg.arch).gguf_metadata(cfg))
+    return {f"{cfg.arch}.{k}": v for k, v in md.items()}
+
+
+def write_metadata(w: gguf.GGUFWriter, cfg: ModelConfig) -> None:
+    w.add_name(cfg.name or cfg.arch)
+    for key, value in gguf_metadata(cfg).items():
+        _add_kv(w, key, value)
 
 
 def write_gguf(path: str, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
-               qtype: Callable[[str, tuple], Q] | None = None, tokenizer_metadata: Mapping | None = None) -> None:
-    """tensors: GGUF name -> float array in numpy order (N, K); each is quantized to qtype(name, shape)."""
+               qtype: Callable[[str, tuple], Q] | None = None, tokenizer_metadata: Mapping | None = None,
+               quantized: Mapping[str, tuple[Q, np.ndarray]] | None = None) -> None:
+    """tensors: GGUF name -> float array in numpy order (N, K); each is quantized to qtype(name, shape).
+    quantized: GGUF name -> (type, raw uint8 (..., row bytes)) written as they are (an HF MXFP4 checkpoint's
+    experts)."""
     from cpu_kernels.quant.quantize import quantize
     qtype = qtype or (lambda name, shape: Q.F32)
     w = gguf.GGUFWriter(path, cfg.arch)
@@ -85,7 +95,11 @@ def write_gguf(path: str, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
     tensors = dict(tensors)
     if cfg.rope_scaling.type == "llama3" and "rope_freqs.weight" not in tensors:
         tensors["rope_freqs.weight"] = llama3_rope_freqs(cfg)
+    for name, (q, raw) in (quantized or {}).items():
+        w.add_tensor(name, np.ascontiguousarray(raw, dtype=np.uint8), raw_dtype=q)
     for name, t in tensors.items():
+        if quantized and name in quantized:
+            continue
         t = np.ascontiguousarray(t, dtype=np.float32)
         q = Q.F32 if name.endswith(F32_TENSORS) else qtype(name, t.shape)
         if q == Q.F32:

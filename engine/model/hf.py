@@ -45,8 +45,9 @@ LAYER_MAP = {
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
-# Per-layer HF tensors whose names end otherwise (DeepSeek's routing bias), mapped whole.
-SPECIAL_MAP = {"mlp.gate.e_score_correction_bias": "exp_probs_b.bias"}
+# Per-layer HF tensors whose names end otherwise (DeepSeek's routing bias, gpt-oss's sinks), mapped whole; an
+# architecture adds its own (Architecture.hf_special_map).
+SPECIAL_MAP = {"mlp.gate.e_score_correction_bias": "exp_probs_b.bias", "self_attn.sinks": "attn_sinks.weight"}
 _SPECIAL_RE = re.compile(r"model\.layers\.(\d+)\.(.+)$")
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 _EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
@@ -80,14 +81,22 @@ def _rope(cfg: dict, default_theta: float, source: str) -> tuple[float, RopeScal
             "llama3", factor, orig or 8192, low_freq_factor=float(sc.get("low_freq_factor", 1.0)),
             high_freq_factor=float(sc.get("high_freq_factor", 4.0)))
     if kind == "yarn":
-        # HF's attention_factor replaces yarn's mscale (0.1 ln(factor) + 1); ours multiplies it.
+        # HF's attention_factor replaces yarn's mscale (0.1 ln(factor) + 1); ours multiplies it. Without one, HF
+        # derives it from mscale and mscale_all_dim when both are given (DeepSeek: their ratio, 1.0 for V3).
         attn = sc.get("attention_factor")
-        mscale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        mscale = _yarn_mscale(factor, 1.0)
+        if not attn and sc.get("mscale") and sc.get("mscale_all_dim"):
+            attn = _yarn_mscale(factor, float(sc["mscale"])) / _yarn_mscale(factor, float(sc["mscale_all_dim"]))
         return theta, RopeScaling(
             "yarn", factor, orig or int(cfg.get("max_position_embeddings", 0) / factor),
             beta_fast=float(sc.get("beta_fast") or 32.0), beta_slow=float(sc.get("beta_slow") or 1.0),
-            attn_factor=float(attn) / mscale if attn else 1.0)
+            attn_factor=float(attn) / mscale if attn else 1.0, truncate=bool(sc.get("truncate", True)))
     _fail(source, f"rope scaling type '{kind}' is not supported (supported: linear, llama3, yarn)")
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    """transformers' yarn_get_mscale."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def _layer_windows(cfg: dict, arch, n: int) -> tuple[int, ...]:
@@ -260,6 +269,8 @@ class HFWeights(WeightSource):
         special = {**SPECIAL_MAP, **self.arch.hf_special_map}
         experts: dict[tuple[int, str], dict[int, tuple[_SafetensorsFile, str]]] = {}
         for hf, src in sources.items():
+            if self.arch.hf_tensor(self, hf, src, sources):  # the architecture's own layout (gpt-oss's experts)
+                continue
             if hf == "model.embed_tokens.weight":
                 self._add("token_embd.weight", c, src)
             elif hf == "model.norm.weight":
@@ -270,6 +281,8 @@ class HFWeights(WeightSource):
                 experts.setdefault((int(m[1]), m[3]), {})[int(m[2])] = src
             elif m := _FUSED_EXPERT_RE.match(hf):
                 self._add_fused_experts(int(m[1]), m[2], src)
+            elif (m := _LAYER_RE.match(hf)) and (parts := self.arch.hf_split(c, f"{m[2]}.{m[3]}")):
+                self._add_split(int(m[1]), parts, src)
             elif (m := _LAYER_RE.match(hf)) and m[2] in layer_map:
                 self._add(f"blk.{m[1]}.{layer_map[m[2]]}.{m[3]}", c, src)
             elif (m := _SPECIAL_RE.match(hf)) and m[2] in special:
@@ -309,6 +322,17 @@ class HFWeights(WeightSource):
             shape, fn = transform
             load, offset, gtype = (lambda ld=load, t=gtype, fn=fn: fn(_as_f32(ld(), t))), -1, GT.F32
         self._tensors[name] = (TensorInfo(name, gtype, shape, offset, tensor_nbytes(gtype, shape)), load)
+
+    def _add_split(self, layer: int, parts: dict, src: tuple[_SafetensorsFile, str]) -> None:
+        # Architecture.hf_split: GGUF tensors computed from one HF tensor (data movement only: any dtype).
+        gtype, shape, load = self._entry(src, f"blk.{layer}")
+        if sum(math.prod(sub) for sub, _ in parts.values()) != math.prod(shape):
+            _fail(src[0].path, f"tensor '{src[1]}': shape {shape} does not split into "
+                               f"{', '.join(f'{rel} {sub}' for rel, (sub, _) in parts.items())}")
+        for rel, (sub, fn) in parts.items():
+            name = f"blk.{layer}.{rel}"
+            self._tensors[name] = (TensorInfo(name, gtype, sub, -1, tensor_nbytes(gtype, sub)),
+                                   lambda ld=load, fn=fn: np.ascontiguousarray(fn(ld())))
 
     def _add_stacked(self, name: str, by_expert: dict[int, tuple[_SafetensorsFile, str]]) -> None:
         if sorted(by_expert) != list(range(len(by_expert))):
@@ -359,6 +383,30 @@ class HFWeights(WeightSource):
                 pass  # generation_config is advisory
         return replace(c, vocab_size=head.shape[0], eos_token_ids=tuple(eos),
                        name=c.name or os.path.basename(os.path.normpath(self.path)))
+
+    # -- for Architecture.hf_tensor ------------------------------------------------------------------------
+    def source_array(self, src: tuple[_SafetensorsFile, str]) -> tuple[str, np.ndarray]:
+        """(safetensors dtype, a read-only view of the tensor with its shape: F32/F16, BF16 as uint16 bits, U8)."""
+        f, key = src
+        dtype, shape, offset, nbytes = f.entries[key]
+        np_dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U8": np.uint8}.get(dtype)
+        if np_dtype is None:
+            _fail(f.path, f"tensor '{key}': dtype {dtype} is not supported (F32, F16, BF16, U8)")
+        return dtype, np.frombuffer(f.mm, np_dtype, count=nbytes // _ST_ITEMSIZE[dtype], offset=offset).reshape(shape)
+
+    def add_tensor(self, name: str, gtype: GT, shape: tuple[int, ...], load: Callable[[], np.ndarray]) -> None:
+        """A GGUF-named tensor computed by load() (GGUFFile.raw's form: typed for float types, uint8 (..., row
+        bytes) for block formats)."""
+        self._tensors[name] = (TensorInfo(name, gtype, shape, -1, tensor_nbytes(gtype, shape)), load)
+
+    def float_type(self, dtype: str, what: str) -> GT:
+        """The GGML type of a safetensors float dtype, or ModelLoadError naming `what`."""
+        if dtype not in _ST_DTYPES:
+            _fail(self.path, f"{what}: dtype {dtype} is not supported (F32, F16, BF16)")
+        return _ST_DTYPES[dtype]
+
+    def fail(self, reason: str):
+        _fail(self.path, reason)
 
     # -- WeightSource ----------------------------------------------------------------------------------
     def names(self) -> list[str]:

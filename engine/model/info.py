@@ -5,7 +5,8 @@ import math
 import os
 from typing import Any
 
-from engine.model.cache_layout import cache_layout
+from engine.core.kv_spec import is_paged, layout_bytes_per_block, layout_state_bytes
+from engine.model.registry import architecture
 from engine.model.weights import open_weights
 
 KV_BYTES_PER_ELEMENT = 2  # fp16 KV cache, the default
@@ -23,9 +24,10 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     Returns:
         dict with path, format, architecture, name, config (ModelConfig.to_dict()), num_tensors,
         num_params, tensor_types {type name: {"count", "bytes"}} (largest first), total_weight_bytes,
-        kv_bytes_per_1k_tokens (fp16, every attention layer at full attention), sliding_window_layers,
-        kv_note (what the KV figure means for sliding-window and hybrid models), state_bytes_per_sequence (the
-        linear-attention layers' states of one sequence; 0 without).
+        kv_bytes_per_1k_tokens (fp16, every paged layer at full attention: the layers' caches as the runner
+        allocates them, core/kv_spec.LayerKV), sliding_window_layers, kv_note (what the KV figure counts, for
+        sliding-window, MLA and hybrid models), state_bytes_per_sequence (the linear-attention layers' states of one
+        sequence, core/kv_spec.LayerState; 0 without).
     Raises:
         ModelLoadError: as open_weights.
     """
@@ -40,12 +42,17 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         entry["bytes"] += t.nbytes
         num_params += math.prod(t.shape)
     types = dict(sorted(types.items(), key=lambda kv: -kv[1]["bytes"]))
-    layout = cache_layout(c)
-    kv_1k = kv_bytes_per_token(len(layout.kv_layers), c.num_kv_heads, c.head_dim) * 1024
+    layout = architecture(c.arch).kv_layout(c)
+    kv_1k = layout_bytes_per_block(layout, 1024, "fp16")
+    paged = [layer for layer in layout if is_paged(layer)]
     sliding = [w for w in c.layer_sliding_window if w > 0]
     note = "fp16 K and V, every layer at full attention"
-    if layout.hybrid:
-        note = (f"fp16 K and V of the {len(layout.kv_layers)} attention layers; the {len(layout.state_shapes)} "
+    if any(layer.v_is_k for layer in paged):
+        d = paged[0].head_dim
+        note = (f"fp16 latent cache (MLA): per token and layer one row of {c.kv_lora_rank} latent + {d - c.kv_lora_rank}"
+                " rope-key values, read as both K and V")
+    if len(paged) < len(layout):
+        note = (f"fp16 K and V of the {len(paged)} attention layers; the {len(layout) - len(paged)} "
                 "linear-attention layers keep a fixed state per sequence instead")
     if sliding:
         note += (f"; {len(sliding)} of {c.num_layers} layers use a sliding window of {max(sliding)} tokens, "
@@ -63,7 +70,7 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         "kv_bytes_per_1k_tokens": kv_1k,
         "sliding_window_layers": len(sliding),
         "kv_note": note,
-        "state_bytes_per_sequence": layout.state_bytes,  # float32 states of the linear-attention layers (0: none)
+        "state_bytes_per_sequence": layout_state_bytes(layout),  # float32 states of the linear-attention layers (0: none)
     }
 
 
@@ -94,6 +101,10 @@ def format_info(info: dict[str, Any]) -> str:
         rope += f", {rs['type']} scaling x{rs['factor']:g}"
     windows = list(c["layer_sliding_window"])
     attn = f"{c['num_heads']} heads, {c['num_kv_heads']} kv heads, head_dim {c['head_dim']}"
+    if c.get("kv_lora_rank"):  # MLA
+        q = f"q_lora_rank {c['q_lora_rank']}" if c["q_lora_rank"] else "plain q"
+        attn = (f"MLA, {c['num_heads']} heads of {c['head_dim']} (rope {c['rope_dim']}), value_dim "
+                f"{c['value_head_dim']}, {q}, kv_lora_rank {c['kv_lora_rank']}")
     lines = [
         f"model:          {info['path']} ({info['format']})",
         f"name:           {info['name'] or '-'}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cpu_kernels.rope import RopeScaling
+from engine.core.kv_spec import LayerCache, LayerKV, LayerState
 
 
 @dataclass(frozen=True)
@@ -25,16 +26,19 @@ class RopeSpec:
 
 @dataclass(frozen=True)
 class AttentionSpec:
-    """Self-attention over the paged KV cache: attn_q/k/v/output (+ .bias with qkv_bias), attn_q_norm/attn_k_norm
-    (per-head RMSNorm) with qk_norm, a sliding window (0 = full), a logit softcap (0 = none) and the score scale
-    (0 = head_dim ** -0.5). output_gate: attn_q yields [q_h | gate_h] per head (2 head_dim rows each) and the
-    attention output is multiplied by sigmoid(gate) before attn_output (qwen3.5)."""
+    """Self-attention over the paged KV cache: attn_q/k/v/output (+ .bias with qkv_bias; attn_output.bias with
+    o_bias), attn_q_norm/attn_k_norm (per-head RMSNorm) with qk_norm, a sliding window (0 = full), a logit softcap
+    (0 = none), the score scale (0 = head_dim ** -0.5) and attention sinks (attn_sinks.weight: a learned logit per
+    query head added to the softmax's denominator only, gpt-oss). output_gate: attn_q yields [q_h | gate_h] per head
+    (2 head_dim rows each) and the attention output is multiplied by sigmoid(gate) before attn_output (qwen3.5)."""
     rope: RopeSpec
     qkv_bias: bool = False
     qk_norm: bool = False
     sliding_window: int = 0
     softcap: float = 0.0
     scale: float = 0.0
+    o_bias: bool = False
+    sinks: bool = False
     output_gate: bool = False
 
     def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
@@ -46,7 +50,47 @@ class AttentionSpec:
             out.update({"attn_q.bias": (out["attn_q.weight"][0],), "attn_k.bias": (hkv,), "attn_v.bias": (hkv,)})
         if self.qk_norm:
             out.update({"attn_q_norm.weight": (D,), "attn_k_norm.weight": (D,)})
+        if self.o_bias:
+            out["attn_output.bias"] = (H,)
+        if self.sinks:
+            out["attn_sinks.weight"] = (cfg.num_heads,)
         return out
+
+    def kv(self, cfg) -> LayerKV:
+        """Its paged cache per token: K and V of every kv head."""
+        return LayerKV(cfg.num_kv_heads, cfg.head_dim)
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """DeepSeek's multi-head latent attention in llama.cpp's absorbed form. q comes from attn_q_a (RMSNorm
+    attn_q_a_norm) then attn_q_b, or from attn_q alone (q_lora_rank 0); each head's q (cfg.head_dim = nope + rope
+    dims) splits into nope and rope dims. attn_kv_a_mqa gives the latent (kv_lora_rank, RMSNorm attn_kv_a_norm) and
+    one rope key shared by all heads; RoPE turns the rope dims only. attn_k_b (heads, kv_lora_rank, nope) takes each
+    head's nope query into the latent space, so the cache holds per token only [latent | roped key] (one kv head,
+    K serving as V); each head's latent output goes back through attn_v_b (heads, value_dim, kv_lora_rank) to
+    attn_output. scale: the softmax scale (YaRN's mscale^2 / sqrt(head_dim))."""
+    rope: RopeSpec
+    q_lora_rank: int
+    kv_lora_rank: int
+    value_dim: int
+    scale: float
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        H, nh, qk, r = cfg.hidden_size, cfg.num_heads, cfg.head_dim, self.rope.dim
+        lat, v = self.kv_lora_rank, self.value_dim
+        out = {"attn_kv_a_mqa.weight": (lat + r, H), "attn_kv_a_norm.weight": (lat,),
+               "attn_k_b.weight": (nh, lat, qk - r), "attn_v_b.weight": (nh, v, lat), "attn_output.weight": (H, nh * v)}
+        if self.q_lora_rank:
+            out.update({"attn_q_a.weight": (self.q_lora_rank, H), "attn_q_a_norm.weight": (self.q_lora_rank,),
+                        "attn_q_b.weight": (nh * qk, self.q_lora_rank)})
+        else:
+            out["attn_q.weight"] = (nh * qk, H)
+        return out
+
+    def kv(self, cfg) -> LayerKV:
+        """Its paged cache per token: the latent and the roped key, one row read as both K and V."""
+        return LayerKV(1, self.kv_lora_rank + self.rope.dim, v_is_k=True)
 
 
 @dataclass(frozen=True)
@@ -117,7 +161,7 @@ class GatedDeltaNetSpec:
     """Gated DeltaNet linear attention (qwen3.5): attn_qkv (q|k|v rows, value heads in GGUF's tiled order: value head
     h reads key head h % num_k_heads), attn_gate (z), ssm_beta (b), ssm_alpha (a), ssm_conv1d (C, K) depthwise,
     ssm_dt.bias, ssm_a (= -exp(A_log)), ssm_norm (v_head_dim, a plain weight), ssm_out. A sequence keeps a fixed-size
-    state instead of KV blocks (state_shapes)."""
+    state instead of KV blocks (kv)."""
     num_k_heads: int
     num_v_heads: int
     k_head_dim: int
@@ -135,9 +179,11 @@ class GatedDeltaNetSpec:
                 "ssm_alpha.weight": (Hv, H), "ssm_conv1d.weight": (C, self.conv_kernel), "ssm_dt.bias": (Hv,),
                 "ssm_a": (Hv,), "ssm_norm.weight": (self.v_head_dim,), "ssm_out.weight": (H, V)}
 
-    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
-        """One sequence's float32 states: the conv inputs (K - 1, C) and the delta rule's S (Hv, dk, dv)."""
-        return ((self.conv_kernel - 1, self.conv_dim), (self.num_v_heads, self.k_head_dim, self.v_head_dim))
+    def kv(self, cfg) -> LayerState:
+        """Its cache: no paged blocks, one sequence's float32 states: the conv inputs (K - 1, C) and the delta rule's
+        S (Hv, dk, dv)."""
+        return LayerState(((self.conv_kernel - 1, self.conv_dim),
+                           (self.num_v_heads, self.k_head_dim, self.v_head_dim)))
 
 
 @dataclass(frozen=True)
@@ -152,14 +198,6 @@ class Residual:
 class BlockSpec:
     steps: tuple[Residual, ...]
 
-    def has_kv(self) -> bool:
-        """The layer keeps paged K/V (an attention part)."""
-        return any(isinstance(st.part, AttentionSpec) for st in self.steps)
-
-    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
-        """Per-sequence float32 state arrays of the layer (a linear-attention part), or () when it has none."""
-        return next((st.part.state_shapes() for st in self.steps if hasattr(st.part, "state_shapes")), ())
-
     def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
         """Every tensor of the layer (names relative to blk.{i}.) and its shape (numpy order)."""
         out: dict[str, tuple[int, ...]] = {}
@@ -169,6 +207,14 @@ class BlockSpec:
                     out[norm + ".weight"] = (cfg.hidden_size,)
             out.update(st.part.tensors(cfg))
         return out
+
+    def kv(self, cfg) -> LayerCache:
+        """The layer's cache: its attention part's paged blocks (LayerKV), or its linear-attention part's
+        per-sequence state (LayerState)."""
+        for st in self.steps:
+            if hasattr(st.part, "kv"):
+                return st.part.kv(cfg)
+        raise ValueError("a block without an attention or linear-attention part has no cache")
 
 
 def prenorm_block(mixer, ffn) -> BlockSpec:

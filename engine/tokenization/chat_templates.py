@@ -102,6 +102,25 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
+# gpt-oss's harmony format, without tools (the checkpoints' own template has them): the system preamble with the
+# date and `reasoning_effort` (default medium), system/developer text as the developer message's instructions,
+# assistant turns on the final channel; generation starts at <|start|>assistant and stops at <|return|>/<|call|>.
+HARMONY_TEMPLATE = (
+    "{{- '<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\\n'"
+    " + 'Knowledge cutoff: 2024-06\\nCurrent date: ' + strftime_now('%Y-%m-%d') + '\\n\\nReasoning: '"
+    " + (reasoning_effort if reasoning_effort is defined else 'medium') + '\\n\\n'"
+    " + '# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>' -}}"
+    "{%- for message in messages -%}"
+    "{%- set content -%}" + _CONTENT + "{%- endset -%}"
+    "{%- if message['role'] in ('system', 'developer') -%}"
+    "{{- '<|start|>developer<|message|># Instructions\\n\\n' + content + '\\n\\n<|end|>' -}}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + content + '<|end|>' -}}"
+    "{%- else -%}{{- '<|start|>' + message['role'] + '<|message|>' + content + '<|end|>' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|start|>assistant' -}}{%- endif -%}"
+)
+
 
 def builtin_template(arch: str, has_token: Callable[[str], bool]) -> str | None:
     """The built-in chat template for an architecture, or None.
@@ -118,6 +137,8 @@ def builtin_template(arch: str, has_token: Callable[[str], bool]) -> str | None:
         return CHATML_TEMPLATE
     if arch == "llama":
         return LLAMA3_TEMPLATE if has_token("<|start_header_id|>") else LLAMA2_TEMPLATE
+    if arch in ("gpt-oss", "gpt_oss") or has_token("<|channel|>"):
+        return HARMONY_TEMPLATE
     if has_token("<|im_start|>"):
         return CHATML_TEMPLATE
     if has_token("<start_of_turn>"):

@@ -14,7 +14,8 @@ Rules worth knowing:
   "\\n", whitespace runs, "<start_of_image>") are matched whole but are ordinary text, not special.
 - eos_token_ids (end of generation, llama.cpp's EOG set): eos_token_id first, then GGUF eot/eom ids,
   HF generation_config.json eos ids, and every vocabulary token named in EOG_TOKEN_TEXTS
-  (Gemma's <end_of_turn>, Llama 3's <|eot_id|>, Qwen's <|im_end|> and <|endoftext|>, ...).
+  (Gemma's <end_of_turn>, Llama 3's <|eot_id|>, Qwen's <|im_end|> and <|endoftext|>, gpt-oss's <|return|> and
+  <|call|>, ...), less <|end|> where <|return|> and <|call|> exist (gpt-oss's harmony format goes on after it).
 """
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ from engine.tokenization.tokenizer_gguf import CONTROL, add_bos_default, load_or
 
 # Token texts llama.cpp treats as end of generation (same list as engine/model/gguf_config.py).
 EOG_TOKEN_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-                   "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
+                   "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<|return|>", "<|call|>")
+# gpt-oss's harmony format stops at <|return|> or <|call|>; its <|end|> closes a message (the analysis channel's
+# too) and generation goes on, so with those two in the vocabulary <|end|> is no EOG (llama.cpp's rule).
+HARMONY_STOP_TEXTS = ("<|return|>", "<|call|>")
 
 
 class Tokenizer:
@@ -50,6 +54,9 @@ class Tokenizer:
         self.arch = arch
         eog = [] if eos_token_id is None else [eos_token_id]
         eog += sorted({int(i) for i in extra_eos_ids} | self._ids_of(EOG_TOKEN_TEXTS))
+        end = self.backend.token_to_id("<|end|>")
+        if end is not None and len(self._ids_of(HARMONY_STOP_TEXTS)) == len(HARMONY_STOP_TEXTS):
+            eog = [i for i in eog if i != end]
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eog))
         self.all_special_ids: set[int] = {int(i) for i in special_ids} | {
             i for i in (bos_token_id, eos_token_id, unk_token_id, pad_token_id) if i is not None}

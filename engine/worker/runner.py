@@ -5,10 +5,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.core.kv_spec import bytes_per_block, kv_storage_dtype
+from engine.core.kv_spec import LayerKV, LayerState, is_paged, kv_storage_dtype, layout_bytes_per_block
 from engine.worker.batch import BatchMetadata
 from engine.worker.huge_pages import small_pages, zeros_small_pages
-
 
 
 @dataclass(frozen=True)
@@ -26,9 +25,22 @@ class SeqChunk:
     snapshot: tuple[int, int] = ()  # (rows, slot): copy the states after that many of token_ids into slot
 
 
+def layer_cache(layer: LayerKV, num_blocks: int, block_size: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """One layer's (K, V) arrays, zeroed; the same array twice where V is K. Touched block by block while serving,
+    so in small pages (huge_pages.py)."""
+    k = zeros_small_pages(layer.block_shape(num_blocks, block_size), dtype)
+    return k, (k if layer.v_is_k else zeros_small_pages(layer.block_shape(num_blocks, block_size), dtype))
+
+
+def state_pools(layer: LayerState, num_slots: int) -> tuple[np.ndarray, ...]:
+    """A linear-attention layer's float32 state pools (num_slots, *one sequence's array) each, zeroed."""
+    return tuple(zeros_small_pages(shape, np.float32) for shape in layer.pool_shapes(num_slots))
+
+
 class ModelRunner:
-    """Owns the model and its caches: a (K, V) pair of paged blocks per attention layer, a (conv, recurrent) pair of
-    state pools (num_state_slots slots) per linear-attention layer."""
+    """Owns the model and its caches, as the model's kv_layout declares them layer by layer: a (K, V) pair of paged
+    blocks per attention layer (V is K, one array, where the layer reads its values from its keys: MLA), a (conv,
+    recurrent) pair of state pools (num_state_slots slots) per linear-attention layer."""
 
     def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str = "auto",
                  num_state_slots: int | None = None):
@@ -37,22 +49,15 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.num_state_slots = model.num_state_slots if num_state_slots is None else num_state_slots
         dtype = np.dtype(kv_storage_dtype(kv_cache_dtype))
-        shape = model.kv_cache_shape(num_blocks, block_size)
-        # touched block by block while serving, so in small pages: huge_pages.py
-        self.kv_caches = []
-        for i in range(model.config.num_layers):
-            states = model.state_shapes(i, self.num_state_slots)
-            if states:
-                self.kv_caches.append(tuple(zeros_small_pages(s, np.float32) for s in states))
-            else:
-                self.kv_caches.append((zeros_small_pages(shape, dtype), zeros_small_pages(shape, dtype)))
-        self.state_layers = [i for i in range(model.config.num_layers) if model.state_shapes(i, 1)]
+        self.kv_caches = [layer_cache(layer, num_blocks, block_size, dtype) if is_paged(layer)
+                          else state_pools(layer, self.num_state_slots) for layer in model.kv_layout]
+        self.state_layers = [i for i, layer in enumerate(model.kv_layout) if not is_paged(layer)]
 
     @staticmethod
     def kv_bytes_per_block(config, block_size: int, kv_cache_dtype: str = "auto") -> int:
-        from engine.model.cache_layout import cache_layout
-        return bytes_per_block(len(cache_layout(config).kv_layers), block_size, config.num_kv_heads, config.head_dim,
-                               kv_cache_dtype)
+        """One block id's cache in every paged layer (state layers hold none)."""
+        from engine.model.registry import architecture
+        return layout_bytes_per_block(architecture(config.arch).kv_layout(config), block_size, kv_cache_dtype)
 
     def copy_states(self, pairs) -> None:
         """pool[dst] = pool[src] in every linear-attention layer, pair by pair in order (a prefix-cache hit restores

@@ -118,7 +118,8 @@ def make_batch(seqs, hq, hkv, d, block_size, cache_dtype, seed=0):
                  np.array([c for c, _ in seqs], np.int32), block_tables, keys, values)
 
 
-def reference(b: Batch, scale, sliding_window=0, softcap=0.0):
+def reference(b: Batch, scale, sliding_window=0, softcap=0.0, sinks=None):
+    """Dense float64 attention; sinks (Hq,): a logit per head in the softmax's denominator only (gpt-oss)."""
     T, hq, d = b.q.shape
     hkv = b.k_cache.shape[2]
     out = np.zeros((T, hq, d))
@@ -132,14 +133,21 @@ def reference(b: Batch, scale, sliding_window=0, softcap=0.0):
                 sc = b.keys[s][lo:p + 1, kvh] @ b.q[q0 + i, h].astype(np.float64) * scale
                 if softcap:
                     sc = softcap * np.tanh(sc / softcap)
-                w = np.exp(sc - sc.max())
-                out[q0 + i, h] = (w / w.sum()) @ b.values[s][lo:p + 1, kvh]
+                m = sc.max() if sinks is None else max(sc.max(), float(sinks[h]))
+                w = np.exp(sc - m)
+                den = w.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - m))
+                out[q0 + i, h] = (w / den) @ b.values[s][lo:p + 1, kvh]
     return out
 
 
-def run(b: Batch, scale, sliding_window=0, softcap=0.0):
+def run(b: Batch, scale, sliding_window=0, softcap=0.0, sinks=None):
     return A.paged_attention(b.q, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens, b.block_tables, scale,
-                             sliding_window, softcap)
+                             sliding_window, softcap, sinks=sinks)
+
+
+def sink_logits(hq, seed=0):
+    """Per-head sinks from far below the scores (no effect) to far above them (they take most of the weight)."""
+    return (np.random.default_rng(seed).standard_normal(hq) * 3 + np.linspace(-30, 12, hq)).astype(np.float32)
 
 
 # decode, prefill chunk continuing a cached prefix, fresh prefill, a long decode, a one-token prompt
@@ -157,6 +165,31 @@ def test_paged_attention_matches_dense(cache_dtype, block_size, hq, hkv, window,
     out = run(b, scale, window, cap)
     assert out.shape == b.q.shape and out.dtype == np.float32
     np.testing.assert_allclose(out, reference(b, scale, window, cap), rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("cache_dtype", [np.float16, np.float32], ids=["f16", "f32"])
+@pytest.mark.parametrize("block_size", [16, 7])
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (3, 3)], ids=["gqa8:2", "mha"])
+@pytest.mark.parametrize("window", [0, 5], ids=["full", "w5"])
+def test_paged_attention_with_sinks_matches_dense(cache_dtype, block_size, hq, hkv, window):
+    """gpt-oss's attention sinks on sliding and full layers: each head's denominator gets exp(sink) more."""
+    d = 40
+    b = make_batch(MIXED, hq, hkv, d, block_size, cache_dtype, seed=block_size + hq)
+    scale, sinks = 2.0 / np.sqrt(d), sink_logits(hq)
+    out = run(b, scale, window, sinks=sinks)
+    np.testing.assert_allclose(out, reference(b, scale, window, sinks=sinks), rtol=1e-5, atol=2e-6)
+    assert np.abs(out - run(b, scale, window)).max() > 1e-2  # the sinks did move the outputs
+
+
+def test_sinks_keep_rows_batch_invariant_and_need_one_per_head():
+    b = make_batch(MIXED, 8, 2, 64, 16, np.float16, seed=11)
+    sinks = sink_logits(8, seed=1)
+    full = run(b, 0.125, 17, sinks=sinks)
+    for s in range(len(MIXED)):
+        q0, q1 = b.query_start_loc[s], b.query_start_loc[s + 1]
+        assert np.array_equal(run(_sub_batch(b, s), 0.125, 17, sinks=sinks), full[q0:q1]), s
+    with pytest.raises(ValueError, match="one logit per query head"):
+        run(b, 0.125, sinks=sinks[:4])
 
 
 def test_paged_attention_gemma_shape_decode():

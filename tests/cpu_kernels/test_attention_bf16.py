@@ -96,6 +96,18 @@ def test_bf16_rows_match_dense(block_size, hq, hkv, window, cap):
     assert np.array_equal(out[~rows], f32[~rows])  # the others are the float32 rows, bit for bit
 
 
+@pytest.mark.parametrize("window", [0, 5], ids=["full", "w5"])
+def test_bf16_rows_with_sinks_match_dense(window):
+    """gpt-oss's sinks on the bf16 rows: they enter the softmax's sum (in float32), not the bf16 products."""
+    from tests.cpu_kernels.test_attention import sink_logits
+    b = make_batch(MIXED, 8, 2, 40, 7, np.float16, seed=4)
+    scale, sinks = 2.0 / np.sqrt(40), sink_logits(8, seed=2)
+    out = A.paged_attention(b.q, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens, b.block_tables, scale,
+                            window, 0.0, _flags(b, (1, 2)), sinks=sinks)
+    np.testing.assert_allclose(out, reference(b, scale, window, sinks=sinks), rtol=0, atol=4e-2)
+    assert np.abs(out - reference(b, scale, window)).max() > 0.1  # the sinks did move the outputs
+
+
 @pytest.mark.parametrize("hq,hkv,bs", [(4, 1, 7), (3, 3, 16), (4, 1, 40)], ids=["mqa4:1-odd", "mha", "blocks-of-40"])
 def test_bf16_rows_invariant_to_chunking_and_threads(hq, hkv, bs):
     b = make_batch([(45, 45)], hq, hkv, 64, bs, np.float16, seed=7)

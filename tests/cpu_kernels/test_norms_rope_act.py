@@ -93,6 +93,10 @@ ROPE_CASES = [
     ("yarn", 64, {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0, "beta_fast": 16.0, "beta_slow": 2.0,
                   "original_max_position_embeddings": 2048},
      RopeScaling("yarn", 16.0, 2048, beta_fast=16.0, beta_slow=2.0)),
+    # gpt-oss: the correction range unrounded (truncate False); rounding it moves 8.09..17.40 to 8..18
+    ("yarn", 64, {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                  "truncate": False, "original_max_position_embeddings": 4096},
+     RopeScaling("yarn", 32.0, 4096, truncate=False)),
 ]
 
 
@@ -114,6 +118,14 @@ def test_rope_inv_freq_matches_hf(kind, head_dim, params, scaling):
     # torch's float32 pow may differ by an ulp from the correctly rounded one; nothing else may.
     np.testing.assert_allclose(inv, ref, rtol=4e-7, atol=0)
     assert mscale == pytest.approx(ref_scale, rel=1e-12)
+
+
+def test_yarn_truncate_moves_the_ramp():
+    """gpt-oss's unrounded correction range is not the rounded one (a reader dropping truncate=False would fail the
+    case above by this much)."""
+    exact, _ = rope.rope_inv_freq(64, 150000.0, RopeScaling("yarn", 32.0, 4096, truncate=False))
+    rounded, _ = rope.rope_inv_freq(64, 150000.0, RopeScaling("yarn", 32.0, 4096))
+    assert np.abs(exact / rounded - 1).max() > 0.05
 
 
 def test_rope_inv_freq_attn_factor_multiplies():

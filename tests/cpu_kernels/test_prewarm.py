@@ -43,6 +43,51 @@ def test_tiny_warmups_cover_every_signature_the_engine_uses():
     assert int(count) > 20 and new == "[]", new
 
 
+MLA_MOE = """
+import pathlib, sys, tempfile
+import gguf
+import numpy as np
+from numba.core.dispatcher import Dispatcher
+from cpu_kernels.quant.warmup import warmup as warm_formats
+from cpu_kernels.warmup import warmup as warm_kernels
+from engine.model.gguf_export import default_qtype, write_gguf
+from engine.model.weights import open_weights
+from tests.model.tiny_models import save_tiny_tokenizer, tiny_model
+
+def signatures():
+    return {(d.py_func.__module__, d.py_func.__qualname__, str(s)) for m, mod in list(sys.modules.items())
+            if m.startswith("cpu_kernels") for d in vars(mod).values() if isinstance(d, Dispatcher)
+            if d.py_func.__module__ != "cpu_kernels.decode_block" for s in d.signatures}
+
+folder = pathlib.Path(tempfile.mkdtemp())
+tiny_model("deepseek2").save_pretrained(folder, safe_serialization=True)
+save_tiny_tokenizer(folder)
+ws = open_weights(str(folder))
+path = str(folder / "q4_k.gguf")
+write_gguf(path, ws.config, {n: np.asarray(ws.raw(n), np.float32) for n in ws.names()},
+           default_qtype(gguf.GGMLQuantizationType.Q4_K))
+ws = open_weights(path)
+warm_formats(types={ws.info(n).ggml_type for n in ws.names() if len(ws.info(n).shape) >= 2}, bf16=True)
+warm_kernels(kv_dtypes=(np.float16,))
+before = signatures()
+from engine import LLM, SamplingParams
+llm = LLM(model=path, tokenizer=str(folder), max_model_len=256, kv_cache_memory=0.02, prefill_dtype="bfloat16")
+llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": list(range(3, 60))}],
+             SamplingParams(max_tokens=3, temperature=0))
+print(len(before), sorted(signatures() - before))
+"""
+
+
+def test_tiny_warmups_cover_an_mla_moe_model():
+    """A tiny DeepSeek-V3 in Q4_K (MLA's latent rows and per-head matrices, grouped sigmoid routing with the
+    correction bias read from the file, a shared expert): the MoE routing kernels were compiled at its first
+    request."""
+    r = subprocess.run([sys.executable, "-c", MLA_MOE], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    count, new = r.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert int(count) > 20 and new == "[]", new
+
+
 HELPER = """
 import numpy as np
 from cpu_kernels import CACHE_DIR, prewarm

@@ -15,7 +15,8 @@ from cpu_kernels.quant.q8act import quantize_act, quantize_act_ref
 TYPES = list(FORMATS)
 # Round-trip error (relative RMS) of our quantizers on Gaussian weights; the K-quant ones are simple.
 ROUNDTRIP_TOL = {Q.F32: 0, Q.F16: 1e-3, Q.BF16: 5e-3, Q.Q8_0: 1e-2, Q.Q6_K: 3e-2, Q.Q5_0: 5e-2,
-                 Q.Q5_1: 5e-2, Q.Q5_K: 6e-2, Q.Q4_0: 0.1, Q.Q4_1: 0.1, Q.Q4_K: 0.1, Q.Q3_K: 0.25, Q.Q2_K: 0.4}
+                 Q.Q5_1: 5e-2, Q.Q5_K: 6e-2, Q.Q4_0: 0.1, Q.Q4_1: 0.1, Q.Q4_K: 0.1, Q.Q3_K: 0.25, Q.Q2_K: 0.4,
+                 Q.MXFP4: 0.13}
 
 
 def shapes(t):
@@ -149,7 +150,7 @@ def test_gemv_prefill_min_k_follows_the_host():
     K and Q6_K from the 8B shapes on; with AMX the bf16 GEMM takes them all; elsewhere the GEMV takes Q4_K from
     K = 4096."""
     from cpu_kernels.quant.registry import AMX, WIDE_PREFILL
-    want = ({Q.Q4_K: 256, Q.Q5_0: 32, Q.Q8_0: 32, Q.Q6_K: 4096} if WIDE_PREFILL else {} if AMX
+    want = ({Q.Q4_K: 256, Q.Q5_0: 32, Q.Q8_0: 32, Q.Q6_K: 4096, Q.MXFP4: 32} if WIDE_PREFILL else {} if AMX
             else {Q.Q4_K: 4096})
     got = {t: f.gemv_prefill_min_k for t, f in FORMATS.items() if f.gemv_prefill_min_k}
     assert got == want
@@ -215,7 +216,7 @@ def test_stack_and_rows(case):
             QuantLinear.stack(parts[::-1])
 
 
-@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K, Q.MXFP4], ids=lambda t: t.name)
 def test_numba_repack_equals_numpy(t):
     """The load-time Numba repackers against their numpy twins, on writable and read-only (memmap-like) rows."""
     from cpu_kernels.quant import repack
@@ -341,11 +342,13 @@ from gguf import GGMLQuantizationType as Q
 
 rng = np.random.default_rng(1)
 outs = []
-for t in (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K):
+for t in (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4):
     w = rng.standard_normal((40, 512)).astype(np.float32)  # two 16-row pairs and a single group
     lin = QuantLinear.from_raw(t, quantize(t, w), w.shape)
     for m in (1, 6, 9):  # 9: two-group passes where the host has them (wide.PAIR)
         outs.append(lin.matmul(rng.standard_normal((m, 512)).astype(np.float32)).ravel())
+    if t == Q.MXFP4:  # its code table (vpshufb or selects) in the dequantizer too
+        outs.append(lin.dequantize().ravel())
 sys.stdout.write(np.concatenate(outs).tobytes().hex())
 """
 
@@ -362,7 +365,7 @@ def test_gemv_is_bitwise_equal_on_every_instruction_set():
                              capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
         got[level] = np.frombuffer(bytes.fromhex(res.stdout), np.float32)
-    assert got["auto"].size == 5 * 40 * 16 and np.isfinite(got["auto"]).all()
+    assert got["auto"].size == 6 * 40 * 16 + 40 * 512 and np.isfinite(got["auto"]).all()
     np.testing.assert_array_equal(got["avx2"], got["auto"])
     np.testing.assert_array_equal(got["generic"], got["auto"])
 
@@ -386,7 +389,7 @@ def test_dpbusd16_agrees_with_numpy():
     np.testing.assert_array_equal(out, want.astype(np.float32))
 
 
-@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K, Q.MXFP4], ids=lambda t: t.name)
 def test_two_group_passes_equal_single_rows(t):
     """From PAIR_MIN_M rows the 8-row-interleaved GEMVs run two groups per pass where the host has AVX-512 VNNI
     (whole 16-row pairs below N, then single groups): every row is bitwise what it gives alone. Q4_K's passes read
@@ -400,3 +403,34 @@ def test_two_group_passes_equal_single_rows(t):
         got = lin.matmul(x, batch_invariant=True)
         for i in range(x.shape[0]):
             np.testing.assert_array_equal(got[i], lin.matmul(x[i:i + 1])[0])
+
+
+def test_mxfp4_every_code_and_exponent():
+    """MXFP4 blocks holding all 16 codes at the extreme exponents (e = 0 and 1 give subnormal scales, 254 and 255
+    overflow float32 at the largest codes, in gguf too): dequantize equals gguf's bit for bit, and the GEMV equals a
+    float64 dot over those values where they are normal."""
+    K = 64
+    codes = np.arange(32, dtype=np.uint8) % 16
+    qs = (codes[:16] | (codes[16:] << 4)).astype(np.uint8)
+    exps = [0, 1, 2, 100, 127, 128, 140, 254, 255]
+    raw = np.zeros((len(exps), 2 * 17), np.uint8)
+    for n, e in enumerate(exps):
+        for b in range(2):
+            raw[n, 17 * b] = e
+            raw[n, 17 * b + 1:17 * (b + 1)] = np.roll(qs, 3 * b + n)
+    with np.errstate(over="ignore"):
+        deq = gguf.quants.dequantize(raw, Q.MXFP4).reshape(len(exps), K)
+    lin = QuantLinear.from_raw(Q.MXFP4, raw, (len(exps), K))
+    np.testing.assert_array_equal(lin.dequantize().view(np.uint32), deq.view(np.uint32))
+    x = np.random.default_rng(4).standard_normal((3, K)).astype(np.float32)
+    got = lin.matmul(x)
+    for n in (3, 4, 5, 6):  # normal scales: the integer dot is exact, one rounding per block
+        ref = q8_of(x) @ deq[n].astype(np.float64)
+        np.testing.assert_allclose(got[:, n], ref, rtol=1e-5)
+    assert np.isfinite(got[:, :7]).all() and (np.abs(got[:, :2]) < 1e-30).all()
+
+
+def q8_of(x):
+    """x as the int8 GEMVs see it (per-32 Q8 rounding), in float64."""
+    from cpu_kernels.quant.linear import q8_roundtrip
+    return q8_roundtrip(x).astype(np.float64)

@@ -79,9 +79,9 @@ def test_qmatmul_compiles_for_every_format(compiled_kernels, target):
 def test_paged_attention_compiles(compiled_kernels, target, kv):
     ta = compiled_kernels[1]
     types = dict(q_ptr="*fp32", k_ptr=f"*{kv}", v_ptr=f"*{kv}", out_ptr="*fp32", tables_ptr="*i64", row_seq_ptr="*i32",
-                 row_pos_ptr="*i32", scale="fp32", softcap="fp32", window="i32")
+                 row_pos_ptr="*i32", scale="fp32", softcap="fp32", window="i32", sinks_ptr="*fp32")
     types.update({n: "i32" for n in ta._paged_rows_kernel.arg_names if n.startswith("stride")})
-    consts = dict(G=4, GP=16, D=128, DP=128, BS=16, BLOCK_L=ta.BLOCK_L, SOFTCAP=kv == "fp16")
+    consts = dict(G=4, GP=16, D=128, DP=128, BS=16, BLOCK_L=ta.BLOCK_L, SOFTCAP=kv == "fp16", SINKS=kv == "fp32")
     k = _compile(ta._paged_rows_kernel, types, consts, TARGETS[target], num_warps=4, enable_fp_fusion=True)
     assert k.asm.get("cubin" if target.startswith("sm") else "hsaco")
 

@@ -167,6 +167,22 @@ def test_paged_attention_matches_numba_and_torch(layout, window, cap, kv_dtype):
     np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize("layout", ["decode-gqa", "decode-g8", "mixed"])
+def test_paged_attention_with_sinks_matches_numba_and_torch(layout, window):
+    """gpt-oss's attention sinks: per-head logits in the softmax's denominator only (both paths, both kernels)."""
+    NB, BS, Hkv, Hq, D, q_lens, ctx = LAYOUTS[layout]
+    q, kc, vc, qsl, lens, tables = cache_case(11, NB, BS, Hkv, Hq, D, q_lens, ctx, np.float16)
+    sinks = (np.random.default_rng(12).standard_normal(Hq) * 3 + np.linspace(-20, 8, Hq)).astype(np.float32)
+    want = cattn.paged_attention(q, kc, vc, qsl, lens, tables, 0.17, window, sinks=sinks)
+    args = (t(q), t(kc), t(vc))
+    got = paged_attention_rows(*args, RowLayout(qsl, lens, DEV), t(tables), 0.17, window, sinks=t(sinks))
+    np.testing.assert_allclose(got.cpu().numpy(), want, rtol=2e-5, atol=2e-5)
+    ref = dattn.paged_attention(*args, qsl, lens, t(tables), 0.17, window, sinks=t(sinks)).cpu().numpy()
+    np.testing.assert_allclose(ref, want, rtol=2e-5, atol=2e-5)
+    assert np.abs(want - cattn.paged_attention(q, kc, vc, qsl, lens, tables, 0.17, window)).max() > 1e-2
+
+
 def test_paged_attention_leaves_rows_outside_the_sequences_zero():
     q, kc, vc, qsl, lens, tables = cache_case(10, 12, 4, 1, 2, 16, [1, 1], [3, 6], np.float16)
     q = np.concatenate([q, np.ones((2, 2, 16), np.float32)])  # two padding rows after the sequences

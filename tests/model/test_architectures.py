@@ -11,7 +11,7 @@ import torch
 from engine.model.gguf_export import default_qtype, write_gguf
 from engine.model.loader import load_model
 from engine.worker.runner import ModelRunner, SeqChunk
-from tests.model.tiny_models import ARCHES, MOE_ARCHES, hf_logits, tiny_model
+from tests.model.tiny_models import ARCHES, MOE_ARCHES, gguf_rows, hf_logits, tiny_model
 
 PROMPTS = [[5, 17, 99, 3, 250, 42, 7, 8, 9, 200, 13, 77, 31], [1, 2, 3, 4, 5, 6, 7]]
 
@@ -88,10 +88,11 @@ def test_quantized_gguf_matches_transformers_on_dequantized_weights(hf_folder, q
     ref_model = copy.deepcopy(hf_model)
     with torch.no_grad():
         for name, p in ref_model.named_parameters():
-            if p.ndim >= 2 and p.shape[-1] % block == 0 and not name.endswith("mlp.gate.weight"):
-                flat = p.numpy().reshape(-1, p.shape[-1])
+            rows = gguf_rows(arch, name, p)
+            if rows is not None and rows.shape[-1] % block == 0:
+                flat = rows.detach().numpy().reshape(-1, rows.shape[-1])
                 deq = gguf.quants.dequantize(quantize(quant, flat), quant)
-                p.copy_(torch.from_numpy(np.ascontiguousarray(deq, dtype=np.float32)).reshape(p.shape))
+                rows.copy_(torch.from_numpy(np.ascontiguousarray(deq, dtype=np.float32)).reshape(rows.shape))
     folder = tmp_path / "roundtrip"
     ref_model.save_pretrained(folder, safe_serialization=True)
     ws = open_weights(str(folder))

@@ -10,7 +10,7 @@ import pytest
 
 from engine.model import fused_compile
 import engine.model.archs  # noqa: F401 (registers every architecture)
-from engine.model.gguf_export import write_gguf
+from engine.model.gguf_export import default_qtype, write_gguf
 from engine.model.loader import load_model
 from engine.model.parts import PART_CLASSES
 from engine.model.parts.base import Part
@@ -47,8 +47,7 @@ def tiny(request, tmp_path_factory):
     ws = open_weights(str(folder))
     tensors = {n: np.asarray(ws.raw(n), dtype=np.float32) for n in ws.names()}
     path = str(folder / "q8_0.gguf")
-    pick = lambda name, shape: Q.Q8_0 if len(shape) >= 2 and "ffn_gate_inp" not in name else Q.F32  # noqa: E731
-    write_gguf(path, ws.config, tensors, pick)
+    write_gguf(path, ws.config, tensors, default_qtype(Q.Q8_0))
     return arch, str(folder), path, hf_logits(hf, PROMPT).numpy()
 
 

@@ -12,6 +12,7 @@ from cpu_kernels.quant.threads import num_threads
 from engine.model import fused_block, fused_compile
 from engine.model.gguf_export import write_gguf
 from engine.model.loader import load_model
+from engine.model.parts.mlp import GatedMLP
 from engine.model.weights import open_weights
 from engine.worker.runner import ModelRunner, SeqChunk
 from tests.fused_calls import count_fused_calls
@@ -36,7 +37,12 @@ def _pick(layout):
     return pick
 
 
-@pytest.fixture(scope="module", params=[(a, lay) for a in ("gemma3", "llama", "qwen3") for lay in LAYOUTS],
+# MoE blocks (their experts' multi-row steps) in one layout each: the router and experts in Q5_0
+PARAMS = [(a, lay) for a in ("gemma3", "llama", "qwen3") for lay in LAYOUTS] + [("qwen3moe", "qkv stacked"),
+                                                                               ("glm4moe", "all own")]
+
+
+@pytest.fixture(scope="module", params=PARAMS,
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request, tmp_path_factory):
     arch, layout = request.param
@@ -194,7 +200,9 @@ def test_long_chunk_through_the_scratch_buffer_gives_the_same_logits(model, monk
     monkeypatch.setattr(layers, "BIG_BYTES", 1 << 10)
     monkeypatch.setattr(layers, "big_scratch", lambda shape: used.append(real(shape)) or used[-1])
     np.testing.assert_array_equal(logits(), fresh)
-    assert len(used) == len(model.blocks) and all(u is not None for u in used)
+    # dense MLPs and MoE shared experts stack gate|up (routed experts stack nothing)
+    mlps = sum(isinstance(p, GatedMLP) or getattr(p, "shared", None) is not None for b in model.blocks for p in b.parts)
+    assert len(used) == mlps and all(u is not None for u in used)
 
 
 def test_big_stacked_outputs_reuse_one_scratch_buffer(monkeypatch):

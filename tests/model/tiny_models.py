@@ -32,6 +32,25 @@ def tiny_config(arch: str):
                                           n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
                                           routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True,
                                           attention_bias=True)
+    if arch == "gpt-oss":  # both layer types (window 4 < the prompts), sinks, every bias, unrounded YaRN
+        cfg = dict(COMMON, intermediate_size=128, max_position_embeddings=2048)
+        return transformers.GptOssConfig(**cfg, num_local_experts=8, num_experts_per_tok=2, sliding_window=4,
+                                         rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                                          "beta_slow": 1.0, "truncate": False,
+                                                          "original_max_position_embeddings": 64,
+                                                          "rope_theta": 150000.0})
+    if arch in ("deepseek2", "deepseek2-lite"):
+        # MLA (q through q_a, or straight for -lite) with YaRN and mscale_all_dim, a dense first layer, then grouped
+        # sigmoid routing with the correction bias, routed scaling and a shared expert
+        cfg = {k: v for k, v in COMMON.items() if k != "head_dim"}
+        cfg.update(num_hidden_layers=3, num_key_value_heads=4, rms_norm_eps=1e-6)  # HF repeats K/V by heads / kv heads
+        return transformers.DeepseekV3Config(
+            **cfg, q_lora_rank=None if arch.endswith("lite") else 64, kv_lora_rank=256, qk_nope_head_dim=32,
+            qk_rope_head_dim=16, v_head_dim=64, moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=2,
+            n_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5,
+            norm_topk_prob=True, rope_parameters={
+                "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "beta_fast": 32.0,
+                "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707, "rope_theta": 10000.0})
     if arch in ("qwen35", "qwen35moe"):  # 3 Gated DeltaNet layers + 1 gated attention; 4 value heads over 2 key heads
         cfg = dict(COMMON, num_hidden_layers=4, tie_word_embeddings=False, linear_num_key_heads=2,
                    linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4,
@@ -44,9 +63,22 @@ def tiny_config(arch: str):
     raise KeyError(arch)
 
 
-ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "qwen35", "qwen35moe"]
-MOE_ARCHES = {"qwen3moe", "glm4moe", "qwen35moe"}  # their routers' top-k can flip near ties under quantization
+ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "gpt-oss", "deepseek2", "qwen35",
+          "qwen35moe"]
+# their routers' top-k can flip near ties under quantization
+MOE_ARCHES = {"qwen3moe", "glm4moe", "gpt-oss", "deepseek2", "deepseek2-lite", "qwen35moe"}
 ZERO_CENTRED_NORMS = {"gemma3", "qwen35", "qwen35moe"}  # HF stores w of (1 + w)
+# HF parameters stored as x @ W (input dim before output dim): gpt-oss's experts (other families' fused experts
+# of the same names are (E, N, K)).
+X_AT_W = {"gpt-oss": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")}
+
+
+def gguf_rows(arch: str, name: str, p):
+    """A 2-D+ HF weight as the (..., K) rows GGUF quantizes (a view), or None for what GGUF keeps in float
+    (biases, routers, sinks, norms)."""
+    if p.ndim < 2 or "bias" in name or "router" in name or name.endswith("mlp.gate.weight"):
+        return None
+    return p.transpose(-1, -2) if name.endswith(X_AT_W.get(arch, ())) else p
 
 
 def tiny_model(arch: str, seed: int = 0, **overrides):
@@ -67,6 +99,8 @@ def randomize(model, arch: str):
             p.normal_(1.0, 0.1)
         elif "norm" in name:
             p.normal_(0.0 if arch in ZERO_CENTRED_NORMS else 1.0, 0.1)
+        elif name.endswith("sinks"):  # per-head logits in the score range: some heads give them real weight
+            p.normal_(0.0, 1.0)
         elif name.endswith("A_log"):  # decays exp(-exp(A_log) softplus(.)) spread over (0, 1)
             p.uniform_(-1.0, 1.0)
         elif name.endswith("dt_bias"):

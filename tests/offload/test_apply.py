@@ -12,7 +12,8 @@ from gpu_kernels.modules import DeviceBlock, HostModule, OnDevice
 from tests.model.tiny_models import tiny_model
 from tests.offload.helpers import (PROMPTS, batched, cpu_runner, decode_batch, incremental, placed, rel_err)
 
-ARCHES = ["llama", "qwen3moe", "gemma3"]  # dense + normal rope; MoE + QK-norm; sandwich + window + softcap
+# dense + normal rope; MoE + QK-norm; sandwich + window + softcap; MLA's latent cache (one array, V is K) + MoE
+ARCHES = ["llama", "qwen3moe", "gemma3", "deepseek2"]
 
 
 @pytest.fixture(scope="module", params=ARCHES)
@@ -60,7 +61,7 @@ def _assert_close_q(arch, got_rows, want_rows, tol=5e-2):
     not, so logits differ by 1-3 % (test_architectures allows 5 % against transformers). A MoE router near
     a tie can then pick another expert for a row."""
     ok = [rel_err(g, w) < tol for g, w in zip(got_rows, want_rows)]
-    need = 0.75 if arch == "qwen3moe" else 1.0
+    need = 0.75 if arch in ("qwen3moe", "deepseek2") else 1.0
     assert sum(ok) >= need * len(ok), (arch, ok)
 
 
@@ -81,6 +82,10 @@ def test_q4k_torch_path_is_exact_given_the_same_int8_activations(tiny, monkeypat
     from cpu_kernels.quant.linear import q8_roundtrip
     from gpu_kernels import linear as gl
     arch, _, path, L = tiny
+    if arch == "deepseek2":
+        pytest.skip("MLA chains quantized matmuls (q_a -> q_b, v_b -> o): one rounding-boundary step early in a "
+                    "prompt reaches its later rows through the cache and the router; tests/offload/test_mla_offload.py "
+                    "checks a layer")
     ref = batched(cpu_runner(path))
     _, runner, _, _ = placed(path, n_gpu_layers="all", gpu_weight_dtype="packed")
     matmul = gl.DeviceWeight.matmul

@@ -2,6 +2,7 @@
 linear-attention layers' state pools (slots x float32 conv + recurrent states) counted where their layers live."""
 from __future__ import annotations
 
+from engine.core.kv_spec import LayerKV
 from engine.model.info import model_info
 from offload import plan
 from offload.devices import devices_from_dict
@@ -15,8 +16,9 @@ STATE_27B = (3 * (2 * 16 * 128 + 48 * 128) + 48 * 128 * 128) * 4  # conv (K-1, C
 
 def test_synthetic_meta_counts_states_not_kv_in_linear_layers():
     m = synthetic_meta("qwen3.5-27b")
-    assert m.kv_layers == tuple(range(3, 64, 4))
+    assert [i for i in range(64) if m.has_kv(i)] == list(range(3, 64, 4))
     assert m.state_bytes_of(0) == STATE_27B and m.state_bytes_of(3) == 0
+    assert m.kv == LayerKV(4, 256)  # the attention layers' K and V, counted for those layers only
     assert next(t for t in m.tensors if t.name == "blk.0.ssm_conv1d.weight").ggml_type == "F32"
 
 

@@ -13,7 +13,7 @@ from tests.model.tiny_models import tiny_model
 from tests.offload.helpers import placed
 
 
-@pytest.fixture(scope="module", params=["qwen3moe", "llama"])
+@pytest.fixture(scope="module", params=["qwen3moe", "llama", "deepseek2"])
 def q4k_path(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     tiny_model(request.param).save_pretrained(folder, safe_serialization=True)

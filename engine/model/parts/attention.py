@@ -1,11 +1,12 @@
 """Self-attention over the paged KV cache (spec.AttentionSpec): q/k/v projections (stacked where they can be),
-optional QK-norm and bias, RoPE, a sliding window, a softcap, and qwen3.5's sigmoid output gate (q_proj yields
-[q_h | gate_h] per head)."""
+optional QK-norm and biases, RoPE, a sliding window, a softcap, attention sinks, and qwen3.5's sigmoid output gate
+(q_proj yields [q_h | gate_h] per head)."""
 from __future__ import annotations
 
 import numpy as np
 
 from cpu_kernels import attention, attention_sdpa, rope
+from cpu_kernels.attention import NO_SINKS
 from cpu_kernels.attn_inputs import attn_inputs, sigmoid_gate
 from cpu_kernels.quant.threads import serial_if, serial_work
 from engine.model.parts.base import Part, packed_linears
@@ -22,7 +23,11 @@ class Attention(Part):
         for k in ("q", "k", "v"):
             bias = prefix + f"attn_{k}.bias" if spec.qkv_bias else None
             setattr(self, k, Linear(ws, self.names[k], bias, bi))
-        self.o = Linear(ws, self.names["o"], None, bi)
+        self.o = Linear(ws, self.names["o"], prefix + "attn_output.bias" if spec.o_bias else None, bi)
+        # f32 (Hq,), a writable copy: a read-only view of the file would be another kernel signature
+        self.sinks = np.array(vector(ws, prefix + "attn_sinks.weight"), np.float32) if spec.sinks else None
+        if self.sinks is not None and self.sinks.shape != (cfg.num_heads,):
+            raise ValueError(f"{prefix}attn_sinks.weight: {self.sinks.shape} is not one logit per head ({cfg.num_heads})")
         self.q_norm = RMSNorm(ws, prefix + "attn_q_norm.weight", cfg.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(ws, prefix + "attn_k_norm.weight", cfg.rms_norm_eps) if spec.qk_norm else None
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -38,12 +43,7 @@ class Attention(Part):
         self.qkv = Projections(self, ("q", "k", "v"))
 
     def rope_table(self, meta) -> tuple[np.ndarray, np.ndarray]:
-        """cos/sin of the step's positions: computed by the first layer with this RoPE, shared by the rest."""
-        key = ("rope", id(self.inv_freq), self.mscale)
-        table = meta.step_cache.get(key)
-        if table is None:
-            table = meta.step_cache[key] = rope.rope_cos_sin(meta.positions, self.inv_freq, self.mscale)
-        return table
+        return step_rope_table(meta, self.inv_freq, self.mscale)
 
     def __call__(self, x: np.ndarray, meta, kv) -> np.ndarray:
         t, rows = x.shape[0], meta.rows
@@ -57,14 +57,14 @@ class Attention(Part):
         # Work ~ query rows x context x heads x head_dim (a decode over a short context is tiny).
         work = t * meta.max_seq_len * self.num_heads * self.head_dim
         long_seqs = None if self.batch_invariant or rows is None else rows.bf16_attention(x)
-        if long_seqs is not None and not self.softcap and attention_sdpa.enabled():
+        if long_seqs is not None and not self.softcap and self.sinks is None and attention_sdpa.enabled():
             out = attention_sdpa.mixed_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                                  meta.block_tables, self.scale, self.sliding_window, long_seqs)
         else:
             with serial_if(work < serial_work()):
                 out = attention.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                                 meta.block_tables, self.scale, self.sliding_window, self.softcap,
-                                                long_seqs)
+                                                long_seqs, self.sinks)
         if self.output_gate:
             sigmoid_gate(out, (qc[0], qc[1] + self.head_dim), self.q_stride)
         return self.o(out.reshape(t, self.num_heads * self.head_dim), rows)
@@ -90,13 +90,23 @@ class Attention(Part):
             (k_src, v_src, q0, k0, v0, int(self.num_heads), int(bool(self.neox)), int(self.q_stride),
              int(self.output_gate)),
             (np.ascontiguousarray(qn[0]), np.ascontiguousarray(kn[0])),
-            (qn[1], kn[1], float(self.scale), float(self.softcap or 0.0)), int(self.sliding_window or 0))
+            (qn[1], kn[1], float(self.scale), float(self.softcap or 0.0)), int(self.sliding_window or 0),
+            self.sinks if self.sinks is not None else NO_SINKS)
 
     def to_device(self, conv, lp, kv_cache):
         from gpu_kernels.modules import DeviceAttention
         leaves = {k: conv.leaf(getattr(self, k), name, lp) for k, name in self.names.items()}
         return DeviceAttention(self, leaves["q"], leaves["k"], leaves["v"], leaves["o"], conv.norm(self.q_norm),
                                conv.norm(self.k_norm), conv.ctx, kv_cache=kv_cache, kv_on_host=lp.kv_device == "cpu")
+
+
+def step_rope_table(meta, inv_freq: np.ndarray, mscale: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin of the step's positions: computed by the first layer with this RoPE, shared by the rest."""
+    key = ("rope", id(inv_freq), mscale)
+    table = meta.step_cache.get(key)
+    if table is None:
+        table = meta.step_cache[key] = rope.rope_cos_sin(meta.positions, inv_freq, mscale)
+    return table
 
 
 def rope_tables(rotary_dim: int, spec: RopeSpec, ws=None) -> tuple[np.ndarray, float]:

@@ -44,19 +44,23 @@ class Linear:
     def out_features(self) -> int:
         return self.weight.N
 
-    def __call__(self, x: np.ndarray, rows=None, per_row: bool = False, scratch: np.ndarray | None = None):
+    def __call__(self, x: np.ndarray, rows=None, per_row: bool = False, scratch: np.ndarray | None = None,
+                 dense_dtype: str | None = None):
         """rows: the batch's RowGroups (None: x is not the batch's rows, e.g. one expert's). per_row: every row
         runs the M = 1 kernel (rows of different sequences, e.g. sampled rows). scratch: f32 (T, N) the result of a
-        long prefill chunk may be written into (the caller's own buffer)."""
+        long prefill chunk may be written into (the caller's own buffer). dense_dtype: for rows that are not the
+        batch's, the dense path's precision (default float32; MoE experts pass the model's, so that the formats'
+        fastest prefill kernels run)."""
         if self.weight.nbytes * x.shape[0] >= serial_work():
-            return self._matmul(x, rows, per_row, scratch)  # the common case: no thread-count switch to enter
+            return self._matmul(x, rows, per_row, scratch, dense_dtype)  # common: no thread-count switch to enter
         with serial_if(True):
-            return self._matmul(x, rows, per_row, scratch)
+            return self._matmul(x, rows, per_row, scratch, dense_dtype)
 
-    def _matmul(self, x: np.ndarray, rows, per_row: bool, scratch: np.ndarray | None = None) -> np.ndarray:
+    def _matmul(self, x: np.ndarray, rows, per_row: bool, scratch: np.ndarray | None = None,
+                dense_dtype: str | None = None) -> np.ndarray:
         w = self.weight
         if self.batch_invariant or per_row or rows is None or not rows.applies_to(x):
-            dense = "float32" if rows is None or rows.dense_dtype == "auto" else rows.dense_dtype
+            dense = dense_dtype or ("float32" if rows is None or rows.dense_dtype == "auto" else rows.dense_dtype)
             y = w.matmul(x, batch_invariant=self.batch_invariant or per_row, dense_dtype=dense)
         elif not rows.large:  # decodes and short chunks only
             y = w.matmul(x, batch_invariant=True)

@@ -64,13 +64,14 @@ class MoE(Part):
         rows = meta.rows if meta is not None else None
         ids, weights = self._route(self.router(x, rows))
         kernel = mlp.ACTIVATIONS[self.act][0]
+        dense = rows.dense_dtype if rows is not None else "auto"  # each expert's rows: the formats' prefill kernels
         out = np.zeros_like(x)
         for e in np.unique(ids):
             r, slot = np.nonzero(ids == e)
             gate, up, down = self.experts[e]
             xe = np.ascontiguousarray(x[r])
-            g, u = gate(xe), up(xe)
-            y = down(kernel(g, 0, u, 0, g.shape[1]))
+            g, u = gate(xe, dense_dtype=dense), up(xe, dense_dtype=dense)
+            y = down(kernel(g, 0, u, 0, g.shape[1]), dense_dtype=dense)
             out[r] += weights[r, slot][:, None] * y  # rows take their experts in ascending order
         if self.shared is not None:
             add_shared(out, self.shared(x, meta), self.shared_gate, x)

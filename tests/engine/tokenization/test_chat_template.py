@@ -167,6 +167,23 @@ def test_other_builtins_exact_text():
         "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n")
 
 
+def test_harmony_builtin_exact_text():
+    """gpt-oss's harmony format (the layout its checkpoints' template renders, without tools)."""
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "2+2?"}]
+    got = chat_templates.render(chat_templates.HARMONY_TEMPLATE, msgs, strftime_now=lambda fmt: "2025-08-28",
+                                reasoning_effort="high")
+    assert got == (
+        "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+        "Knowledge cutoff: 2024-06\nCurrent date: 2025-08-28\n\nReasoning: high\n\n"
+        "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>"
+        "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>"
+        "<|start|>user<|message|>Hi<|end|><|start|>assistant<|channel|>final<|message|>Hello!<|end|>"
+        "<|start|>user<|message|>2+2?<|end|><|start|>assistant")
+    assert "Reasoning: medium" in chat_templates.render(chat_templates.HARMONY_TEMPLATE, msgs[1:2])
+    assert chat_templates.builtin_template("gpt-oss", lambda t: False) is chat_templates.HARMONY_TEMPLATE
+
+
 def test_builtin_template_selection():
     has = lambda *names: (lambda t: t in names)  # noqa: E731
     assert chat_templates.builtin_template("gemma3", has()) is chat_templates.GEMMA_TEMPLATE

@@ -1,0 +1,98 @@
+r"""Do ramlm's GGUF files load in llama.cpp, and compute the same thing there?
+
+    python -m bench.llamacpp_load                      # a tiny exported GGUF of every registered architecture
+    python -m bench.llamacpp_load --file /tmp/llama8b.gguf --file ...   # also these (synthetic shapes): load only
+
+For each architecture, a tiny random model is built with transformers (tests/model/tiny_models.py; run from the
+repository root), exported by engine/model/gguf_export.write_gguf in F32 with a byte-level vocabulary, loaded by
+llama.cpp (llama-cpp-python, built as `python -m bench.compare --help` says) and run on a prompt: the line gives
+llama.cpp's logits' largest error relative to transformers' (llama.cpp computes in its own precision, so ~1e-3
+is agreement; a wrong layout or key gives a load error or errors near 1). Writes JSON to bench/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import write_result
+
+PROMPT = [5, 17, 99, 3, 250, 42, 7, 8]
+
+
+def byte_vocab(n: int) -> dict:
+    """A GPT-2 style byte-level vocabulary of the model's n tokens (the 256 byte symbols, then fillers)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, extra = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + extra)
+            extra += 1
+    tokens = [chr(c) for _, c in sorted(zip(bs, cs))] + [f"<t{i}>" for i in range(256, n)]
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens[:n],
+            "tokenizer.ggml.token_type": [1] * n, "tokenizer.ggml.merges": ["Ġ Ġ"],
+            "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
+
+
+def check_arch(arch: str, folder: Path) -> dict:
+    import gguf
+    import llama_cpp
+    from engine.model.gguf_export import write_gguf
+    from engine.model.weights import open_weights
+    from tests.model.tiny_models import hf_logits, tiny_model
+    hf = tiny_model(arch)
+    hf.save_pretrained(folder, safe_serialization=True)
+    ws = open_weights(str(folder))
+    tensors = {n: np.asarray(ws.raw(n), dtype=np.float32) for n in ws.names()}
+    path = str(folder / f"{arch}.gguf")
+    write_gguf(path, ws.config, tensors, lambda name, shape: gguf.GGMLQuantizationType.F32,
+               tokenizer_metadata=byte_vocab(ws.config.vocab_size))
+    try:
+        llm = llama_cpp.Llama(path, n_ctx=64, logits_all=True, verbose=False, n_threads=2)
+    except Exception as e:  # noqa: BLE001 (the load error is the result)
+        return {"arch": arch, "loads": False, "error": str(e)}
+    llm.eval(PROMPT)
+    got = np.array(llm.scores[:len(PROMPT)])
+    ref = hf_logits(hf, PROMPT).numpy()
+    return {"arch": arch, "loads": True, "rel_err": float(np.abs(got - ref).max() / np.abs(ref).max())}
+
+
+def check_file(path: str) -> dict:
+    import llama_cpp
+    try:
+        llm = llama_cpp.Llama(path, n_ctx=64, verbose=False, n_threads=2, use_mmap=True)
+        llm.eval([1, 2, 3])
+        return {"file": os.path.basename(path), "loads": True}
+    except Exception as e:  # noqa: BLE001
+        return {"file": os.path.basename(path), "loads": False, "error": str(e)}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", action="append", help="only these architectures (default: every registered one)")
+    ap.add_argument("--file", action="append", default=[], help="a GGUF file to load too")
+    args = ap.parse_args(argv)
+    from engine.model.registry import ARCHITECTURES, architecture
+    architecture("llama")  # registers them all
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch in args.arch or sorted(ARCHITECTURES):
+            folder = Path(tmp) / arch
+            folder.mkdir()
+            r = check_arch(arch, folder)
+            results.append(r)
+            print(f"{arch}: " + (f"loads, logits within {r['rel_err']:.1e} of transformers" if r["loads"]
+                                  else f"does not load: {r['error']}"))
+    for path in args.file:
+        r = check_file(path)
+        results.append(r)
+        print(f"{r['file']}: " + ("loads and runs" if r["loads"] else f"does not load: {r['error']}"))
+    print(f"wrote {write_result('llamacpp-load', {'results': results}, {'files': args.file})}")
+
+
+if __name__ == "__main__":
+    main()
