@@ -13,11 +13,13 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
+from engine.core.kv_spec import LayerKV, LayerState, layout_state_bytes
 from engine.model.gguf import open_gguf
 from engine.model.gguf_export import write_gguf
 from engine.model.loader import load_model
 from engine.model.weights import open_weights
 from engine.worker.runner import ModelRunner, SeqChunk
+from offload.apply import paged_caches
 from tests.model.tiny_models import hf_logits, randomize, tiny_config, tiny_model
 
 LONG = [int(t) for t in np.random.default_rng(3).integers(0, 256, 150)]  # > 64 rows: the chunked form
@@ -92,6 +94,23 @@ def test_gguf_values_follow_llama_cpp_conventions(tiny):
     np.testing.assert_array_equal(f32("blk.0.attn_gate.weight"), _tiled(z, 64))
     out = sd[p + "linear_attn.out_proj.weight"].numpy()
     np.testing.assert_array_equal(f32("blk.0.ssm_out.weight"), _tiled(out.T, 64).T)
+
+
+def test_one_cache_declaration_per_layer(tiny):
+    """kv_layout says what each layer keeps: states (conv inputs, S) in the DeltaNet layers, K and V in the attention
+    layer; the runner allocates exactly that, the pool counts blocks of the attention layer only, the RAM tier would
+    see only it."""
+    arch, folder, hf = tiny
+    model, cfg = load_model(str(folder))
+    C, kv = 2 * 2 * 64 + 4 * 64, LayerKV(cfg.num_kv_heads, cfg.head_dim)
+    assert model.kv_layout == (LayerState(((3, C), (4, 64, 64))),) * 3 + (kv,)
+    runner = ModelRunner(model, num_blocks=5, block_size=4, kv_cache_dtype="fp16", num_state_slots=3)
+    assert [(a.shape, a.dtype) for a in runner.kv_caches[0]] == [((3, 3, C), np.float32), ((3, 4, 64, 64), np.float32)]
+    assert [(a.shape, a.dtype) for a in runner.kv_caches[3]] == [((5, 4, cfg.num_kv_heads, cfg.head_dim), np.float16)] * 2
+    assert runner.state_layers == [0, 1, 2]
+    assert ModelRunner.kv_bytes_per_block(cfg, 4, "fp16") == kv.bytes_per_block(4, "fp16")
+    assert layout_state_bytes(model.kv_layout) == 3 * (3 * C + 4 * 64 * 64) * 4
+    assert list(paged_caches(model.kv_layout, runner.kv_caches)) == [3]
 
 
 def _tiled(a, hdim, Hk=2, r=2):
