@@ -83,6 +83,11 @@ class SizeModel:
         self.gpu: DeviceInfo | None = None
         self.units = [self._layer_units(i) for i in range(self.L)]
         self.block_layer_bytes = meta.kv.bytes_per_block(o.block_size, o.kv_cache_dtype)
+        # Hybrid models: only paged layers hold KV blocks; linear-attention layers hold state_slots states each
+        # (the engine's count when it plans, else one live state per running request and the scratch slot).
+        self.kv_flags = [meta.has_kv(i) for i in range(self.L)]
+        self.n_kv_layers = sum(self.kv_flags)
+        self.state_slots = (o.num_state_slots or o.max_num_seqs + 1) if meta.has_states else 0
         self.ignore_rules = False
         self._layer_bytes: dict[tuple, tuple[int, int, int]] = {}
         # KV blocks (the null block included) that requests can use at once, and the least `auto` keeps room for.
@@ -98,7 +103,7 @@ class SizeModel:
         """Bytes of RAM the KV may take, and what set them."""
         o, m = self.o, self.m
         if o.kv_pool_blocks is not None:
-            return (o.kv_pool_blocks * self.block_layer_bytes * self.L,
+            return (o.kv_pool_blocks * self.block_layer_bytes * self.n_kv_layers,
                     "the engine's KV pool (kv_cache_memory, else a share of the RAM left after the weights)")
         if o.kv_cache_memory is not None:
             return int(o.kv_cache_memory * GIB), f"kv_cache_memory {o.kv_cache_memory:g} GiB"
@@ -109,7 +114,16 @@ class SizeModel:
         """Layers whose KV sits in host RAM: CPU layers, GPU layers with --kv-offload, all of them when the
         GPU's memory is the host's (torch's CPU device, APUs)."""
         shared = self.gpu is not None and self.gpu.shared_with_host
-        return sum(c.device == "cpu" or self.o.kv_offload or shared for c in choices)
+        return sum(f and (c.device == "cpu" or self.o.kv_offload or shared) for f, c in zip(self.kv_flags, choices))
+
+    def gpu_kv_layers(self, choices: list[_Choice]) -> int:
+        """Layers whose KV blocks live on the GPU."""
+        return 0 if self.o.kv_offload else sum(f and c.device == "gpu" for f, c in zip(self.kv_flags, choices))
+
+    def state_bytes(self, choices: list[_Choice], on_gpu: bool) -> int:
+        """The state pools of the linear-attention layers whose states live on the GPU (on_gpu) or in RAM."""
+        return self.state_slots * sum(self.m.state_bytes_of(i) for i, c in enumerate(choices)
+                                      if (c.device == "gpu" and not self.o.kv_offload) == on_gpu)
 
     def kv_wanted(self, choices: list[_Choice]) -> tuple[int, str]:
         """KV blocks these choices want: what requests can use (max_model_len x max_num_seqs), within the RAM
@@ -230,8 +244,8 @@ class SizeModel:
 
     def gpu_need(self, choices, out_gpu: bool, out_fmt: str, blocks: int) -> DeviceUsage:
         w = sum(self.layer_bytes(i, c)[1] for i, c in enumerate(choices)) + self.output_bytes(out_gpu, out_fmt)[1]
-        kv_layers = 0 if self.o.kv_offload else sum(c.device == "gpu" for c in choices)
-        return DeviceUsage(self.gpu.name, self.budget, w, blocks * self.block_layer_bytes * kv_layers,
+        kv = blocks * self.block_layer_bytes * self.gpu_kv_layers(choices) + self.state_bytes(choices, True)
+        return DeviceUsage(self.gpu.name, self.budget, w, kv,
                            self.work_bytes(choices, out_gpu), self.margin())
 
     def fits(self, choices, out_gpu, out_fmt, blocks) -> bool:
