@@ -233,6 +233,7 @@ class DeviceAttention:
         self.num_heads, self.num_kv_heads, self.head_dim = src.num_heads, src.num_kv_heads, src.head_dim
         self.scale, self.sliding_window, self.softcap = src.scale, src.sliding_window, src.softcap
         self.neox, self.mscale = src.neox, src.mscale
+        self.output_gate = getattr(src, "output_gate", False)  # q_proj yields [q_h | gate_h] per head
         self.inv_freq = vector(src.inv_freq, ctx.device)
         self.rope_key = (np.asarray(src.inv_freq, np.float32).tobytes(), float(src.mscale))
         self.kv_cache = kv_cache
@@ -257,7 +258,12 @@ class DeviceAttention:
 
     def __call__(self, x: torch.Tensor, batch: DeviceBatch, kv) -> torch.Tensor:
         t, hq, d = x.shape[0], self.num_heads, self.head_dim
-        q = self.q(x).view(t, hq, d)
+        gate = None
+        if self.output_gate:
+            qg = self.q(x).view(t, hq, 2 * d)
+            q, gate = qg[..., :d], qg[..., d:].reshape(t, hq * d)
+        else:
+            q = self.q(x).view(t, hq, d)
         if self.q_norm is not None:
             q = self.q_norm(q)
         cos, sin = batch.rope(self.rope_key, self.inv_freq, self.mscale)
@@ -268,7 +274,7 @@ class DeviceAttention:
         elif self.kv_cache is not None:
             k_cache, v_cache = self.kv_cache
         elif self.kv_on_host or self.shared_kv:
-            return self.o(self.ctx.to_device(self._host_attention(q, k, v, batch.meta, kv)))
+            return self.o(self._gated(self.ctx.to_device(self._host_attention(q, k, v, batch.meta, kv)), gate))
         else:
             raise RuntimeError("DeviceAttention: no KV cache on the device and the layer is not --kv-offload")
         if not self.shared_kv:
@@ -280,7 +286,11 @@ class DeviceAttention:
                                       lambda: self._torch(q, k_cache, v_cache, batch))
         else:
             out = self._torch(q, k_cache, v_cache, batch)
-        return self.o(out.reshape(t, hq * d))
+        return self.o(self._gated(out.reshape(t, hq * d), gate))
+
+    @staticmethod
+    def _gated(out: torch.Tensor, gate) -> torch.Tensor:
+        return out if gate is None else out * (1.0 / (1.0 + torch.exp(-gate)))
 
     def _torch(self, q, k_cache, v_cache, batch: DeviceBatch) -> torch.Tensor:
         groups = batch.attention_groups(self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1])

@@ -15,8 +15,9 @@ GPU could read host RAM coherently; that is what --cpu-offload-gb's streamed lay
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
-from engine.core.kv_spec import kv_storage_dtype
+from engine.core.kv_spec import is_paged, kv_storage_dtype
 from offload.plan_types import PlacementPlan, PlanOptions
 
 logger = logging.getLogger("ramlm.offload")
@@ -88,7 +89,8 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
     conv = Converter(model, ctx, default_fmt=wd if wd in DTYPES else "packed")
     originals = (list(model.blocks), model.lm_head) if keep_originals else None
     kv_dtype = getattr(torch, kv_storage_dtype(kv_cache_dtype))
-    layout = model.kv_layout  # each layer's cache (V is K for MLA: one tensor; none of its own for a KV-shared layer)
+    # each layer's cache (V is K for MLA: one tensor; state pools for linear attention; a KV-shared layer: none)
+    layout = model.kv_layout
     _check_shared_kv(plan.layers, layout)
     patches, runner_kv, device_kv = [], {}, {}
     with torch.no_grad():
@@ -105,9 +107,13 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
                 if runner is not None and kv is not None:
                     runner_kv[i], runner.kv_caches[i] = runner.kv_caches[i], kv
             elif lp.kv_device != "cpu":
-                shape = layout[i].block_shape(num_blocks, block_size)
-                k = torch.zeros(shape, dtype=kv_dtype, device=ctx.device)
-                kv = (k, k if layout[i].v_is_k else torch.zeros(shape, dtype=kv_dtype, device=ctx.device))
+                if is_paged(layout[i]):
+                    shape = layout[i].block_shape(num_blocks, block_size)
+                    k = torch.zeros(shape, dtype=kv_dtype, device=ctx.device)
+                    kv = (k, k if layout[i].v_is_k else torch.zeros(shape, dtype=kv_dtype, device=ctx.device))
+                else:  # a linear-attention layer: its float32 state pools, one slot per state slot id
+                    kv = tuple(torch.zeros(shape, dtype=torch.float32, device=ctx.device)
+                               for shape in layout[i].pool_shapes(model.num_state_slots))
                 device_kv[i] = kv
                 if runner is not None:
                     runner_kv[i] = runner.kv_caches[i]
@@ -126,7 +132,7 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
     if plan.kv.num_cpu_blocks and device_kv:
         from offload.kv_tiers import HostKVTier
         # A swapped block id is reused in every layer: with a runner, its RAM layers' KV moves too.
-        tier = HostKVTier(plan.kv.num_cpu_blocks, own_caches(runner.kv_caches) if runner else device_kv)
+        tier = HostKVTier(plan.kv.num_cpu_blocks, paged_caches(layout, runner.kv_caches if runner else device_kv))
     model.kv_tier = tier
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
@@ -136,8 +142,8 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
 def bind_runner(runner, model) -> int:
     """Points runner.kv_caches[i] at the device KV of each device block (the engine builds its runner after
     the load hook has applied the plan; the blocks work either way, this makes runner.kv_caches tell the
-    truth and frees the untouched numpy pairs), and the RAM tier (model.kv_tier) at every layer's KV, since
-    a swapped block id is reused in all of them. Returns how many layers were rebound."""
+    truth and frees the untouched numpy pairs), and the RAM tier (model.kv_tier) at every paged layer's KV,
+    since a swapped block id is reused in all of them. Returns how many layers were rebound."""
     n = 0
     for i, b in enumerate(model.blocks):
         kv = next((p.kv_cache for p in getattr(b, "parts", ()) if getattr(p, "kv_cache", None) is not None), None)
@@ -146,7 +152,7 @@ def bind_runner(runner, model) -> int:
             n += 1
     tier = getattr(model, "kv_tier", None)
     if tier is not None:
-        tier.bind(own_caches(runner.kv_caches))
+        tier.bind(paged_caches(model.kv_layout, runner.kv_caches))
     return n
 
 
@@ -162,14 +168,12 @@ def _check_shared_kv(layers, layout) -> None:
                              "(--n-gpu-layers counts the last layers, so it covers both; or --kv-offload)")
 
 
-def own_caches(kv_caches: list) -> dict:
-    """Layer -> its cache, each cache once (a KV-shared layer holds its source layer's pair: not copied twice)."""
-    out, seen = {}, set()
-    for i, kv in enumerate(kv_caches):
-        if id(kv) not in seen:
-            seen.add(id(kv))
-            out[i] = kv
-    return out
+def paged_caches(layout, caches) -> dict:
+    """{layer: (K, V)} of the paged layers among caches (a list per layer, or a dict by layer): what the RAM tier
+    swaps. A linear-attention layer's state pools are not blocks; its states are recomputed on preemption. A KV-shared
+    layer's cache is its source's (swapped once, with the source)."""
+    items = caches.items() if isinstance(caches, dict) else enumerate(caches)
+    return {i: kv for i, kv in items if is_paged(layout[i]) and layout[i].shared_from < 0}
 
 
 def _output_layer_plan(plan: PlacementPlan):
@@ -184,7 +188,8 @@ def placement_options(args, max_model_len: int, num_blocks: int) -> PlanOptions:
 def apply_placement(args, model, max_model_len: int, num_blocks: int) -> int:
     """The load hook: plan from EngineArgs and apply. Returns the KV pool size to allocate (the plan may
     shrink it to what fits beside the weights on the GPU). No GPU asked for: returns at once, no torch."""
-    opts = placement_options(args, max_model_len, num_blocks)
+    opts = replace(placement_options(args, max_model_len, num_blocks),
+                   num_state_slots=getattr(model, "num_state_slots", 0) or None)
     if not opts.wants_gpu():
         return num_blocks
     from offload.devices import load_devices, normalize_device, probe_devices

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 import gguf
 import numpy as np
 
-from engine.core.kv_spec import LayerKV
+from engine.core.kv_spec import LayerCache, LayerKV, is_paged
 
 Q = gguf.GGMLQuantizationType
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -60,12 +60,27 @@ class ModelMeta:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     tensors: tuple[TensorMeta, ...] = ()
-    kv_layout: tuple[LayerKV, ...] = ()  # each layer's paged cache (Architecture.kv_layout); (): the kv heads' K, V
+    # each layer's cache (Architecture.kv_layout: core/kv_spec.LayerKV, or LayerState for a linear-attention layer);
+    # (): K and V of the kv heads in every layer
+    kv_layout: tuple[LayerCache, ...] = ()
 
-    def layer_kv_bytes(self, layer: int, block_size: int, kv_cache_dtype: str) -> int:
-        """One block's cache in `layer` (0 for a layer reading another layer's cache: Gemma 4's KV sharing)."""
-        kv = self.kv_layout[layer] if self.kv_layout else LayerKV(self.num_kv_heads, self.head_dim)
-        return kv.bytes_per_block(block_size, kv_cache_dtype)
+    def layer_cache(self, layer: int) -> LayerCache:
+        return self.kv_layout[layer] if self.kv_layout else LayerKV(self.num_kv_heads, self.head_dim)
+
+    def has_kv(self, layer: int) -> bool:
+        """The layer keeps paged blocks of its own (not a per-sequence state, not another layer's: Gemma 4's KV
+        sharing)."""
+        cache = self.layer_cache(layer)
+        return is_paged(cache) and cache.shared_from < 0
+
+    def state_bytes_of(self, layer: int) -> int:
+        """One sequence's state in this layer (0 for a paged layer)."""
+        return self.layer_cache(layer).bytes_per_sequence
+
+    @property
+    def has_states(self) -> bool:
+        """Some layers keep a per-sequence state (a hybrid model: the planner counts state pools)."""
+        return any(self.state_bytes_of(i) for i in range(self.num_layers))
 
     def layer_tensors(self, layer: int) -> list[TensorMeta]:
         return [t for t in self.tensors if t.layer == layer]
@@ -83,9 +98,10 @@ class ModelMeta:
 
     @property
     def kv(self) -> LayerKV:
-        """The largest layer's cache (what a layer's KV block is counted as where one figure is shown)."""
-        return max(self.kv_layout, key=lambda k: k.bytes_per_block(1, "fp16"), default=None) or LayerKV(
-            self.num_kv_heads, self.head_dim)
+        """The paged layers' cache as the planner counts it, every one alike: the largest paged layer's."""
+        paged = [self.layer_cache(i) for i in range(self.num_layers) if self.has_kv(i)]
+        return max(paged, key=lambda k: k.bytes_per_block(1, "fp16"), default=LayerKV(self.num_kv_heads,
+                                                                                       self.head_dim))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -109,8 +125,8 @@ def model_meta(ws) -> ModelMeta:
                      _kv_layout(cfg))
 
 
-def _kv_layout(cfg) -> tuple[LayerKV, ...]:
-    """Each layer's paged cache (the architecture's BlockSpecs say): the planner counts each layer's own."""
+def _kv_layout(cfg) -> tuple[LayerCache, ...]:
+    """Each layer's cache, as the architecture's BlockSpecs declare it."""
     from engine.model.registry import architecture
     return architecture(cfg.arch).kv_layout(cfg)
 
@@ -150,6 +166,17 @@ SHAPES: dict[str, dict] = {
     "gemma-3-270m": dict(arch="gemma3", num_layers=18, hidden_size=640, intermediate_size=2048, num_heads=4,
                          num_kv_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
                          tie_word_embeddings=True),
+    # Qwen3.5/3.6: three Gated DeltaNet layers (a state per sequence, no KV) for every gated-attention layer
+    "qwen3.5-27b": dict(arch="qwen35", num_layers=64, hidden_size=5120, intermediate_size=17408, num_heads=24,
+                        num_kv_heads=4, head_dim=256, vocab_size=248320, max_position_embeddings=262144,
+                        rope_dim=64, linear_layers=tuple(i for i in range(64) if (i + 1) % 4), ssm_conv_kernel=4,
+                        ssm_num_k_heads=16, ssm_num_v_heads=48, ssm_k_head_dim=128, ssm_v_head_dim=128),
+    "qwen3.5-35b-a3b": dict(arch="qwen35moe", num_layers=40, hidden_size=2048, intermediate_size=0, num_heads=16,
+                            num_kv_heads=2, head_dim=256, vocab_size=248320, max_position_embeddings=262144,
+                            num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+                            shared_expert_intermediate_size=512, rope_dim=64,
+                            linear_layers=tuple(i for i in range(40) if (i + 1) % 4), ssm_conv_kernel=4,
+                            ssm_num_k_heads=16, ssm_num_v_heads=32, ssm_k_head_dim=128, ssm_v_head_dim=128),
 }
 QUANTS = ("q4_k_m", "q4_0", "q8_0", "q6_k", "f16", "bf16", "f32", "mxfp4")
 
@@ -225,7 +252,8 @@ def synthetic_meta(shape: str | dict, quant: str = "q4_k_m", name: str | None = 
     tensors = []
     for n, shp in shapes:
         layer = int(_LAYER.match(n).group(1)) if _LAYER.match(n) else None
-        small = len(shp) == 1 or "ffn_gate_inp" in n or n.endswith(".bias")  # experts' biases are (E, N)
+        small = (len(shp) == 1 or "ffn_gate_inp" in n or n.endswith(".bias")  # experts' biases are (E, N)
+                 or "ssm_conv1d" in n)  # F32 in llama.cpp's files too
         t = Q.F32 if small else fit_rows(_qtype(quant, n, layer, L, tied), shp)
         tensors.append(TensorMeta(n, t.name, shp, _nbytes(t, shp)))
     label = name or (shape if isinstance(shape, str) else s.get("name", "synthetic")) + f"-{quant}"

@@ -82,9 +82,12 @@ class SizeModel:
         self.ram = devices.ram
         self.gpu: DeviceInfo | None = None
         self.units = [self._layer_units(i) for i in range(self.L)]
-        # one block's K and V per layer (0 where a layer reads another layer's cache: Gemma 4's KV sharing)
-        self.layer_block_bytes = [meta.layer_kv_bytes(i, o.block_size, o.kv_cache_dtype) for i in range(self.L)]
-        self.block_layer_bytes = max(self.layer_block_bytes, default=0)
+        self.block_layer_bytes = meta.kv.bytes_per_block(o.block_size, o.kv_cache_dtype)
+        # Hybrid models: only paged layers hold KV blocks; linear-attention layers hold state_slots states each
+        # (the engine's count when it plans, else one live state per running request and the scratch slot).
+        self.kv_flags = [meta.has_kv(i) for i in range(self.L)]
+        self.n_kv_layers = sum(self.kv_flags)
+        self.state_slots = (o.num_state_slots or o.max_num_seqs + 1) if meta.has_states else 0
         self.ignore_rules = False
         self._layer_bytes: dict[tuple, tuple[int, int, int]] = {}
         # KV blocks (the null block included) that requests can use at once, and the least `auto` keeps room for.
@@ -100,28 +103,27 @@ class SizeModel:
         """Bytes of RAM the KV may take, and what set them."""
         o, m = self.o, self.m
         if o.kv_pool_blocks is not None:
-            return (o.kv_pool_blocks * self.kv_block_bytes(range(self.L)),
+            return (o.kv_pool_blocks * self.block_layer_bytes * self.n_kv_layers,
                     "the engine's KV pool (kv_cache_memory, else a share of the RAM left after the weights)")
         if o.kv_cache_memory is not None:
             return int(o.kv_cache_memory * GIB), f"kv_cache_memory {o.kv_cache_memory:g} GiB"
         return (int(max(self.ram.free_bytes - m.total_bytes, 1 << 28) * KV_RAM_FRACTION),
                 f"{KV_RAM_FRACTION:.0%} of the RAM left after the weights")
 
-    def kv_block_bytes(self, layers) -> int:
-        """One block id's K and V in these layers."""
-        return sum(self.layer_block_bytes[i] for i in layers)
-
-    def host_kv_layers(self, choices: list[_Choice]) -> list[int]:
+    def host_kv_layers(self, choices: list[_Choice]) -> int:
         """Layers whose KV sits in host RAM: CPU layers, GPU layers with --kv-offload, all of them when the
-        GPU's memory is the host's (torch's CPU device, APUs); layers without a cache of their own left out."""
+        GPU's memory is the host's (torch's CPU device, APUs)."""
         shared = self.gpu is not None and self.gpu.shared_with_host
-        return [i for i, c in enumerate(choices)
-                if (c.device == "cpu" or self.o.kv_offload or shared) and self.layer_block_bytes[i]]
+        return sum(f and (c.device == "cpu" or self.o.kv_offload or shared) for f, c in zip(self.kv_flags, choices))
 
-    def gpu_kv_layers(self, choices: list[_Choice]) -> list[int]:
-        """GPU layers holding KV of their own on the device."""
-        return [] if self.o.kv_offload else [i for i, c in enumerate(choices)
-                                             if c.device == "gpu" and self.layer_block_bytes[i]]
+    def gpu_kv_layers(self, choices: list[_Choice]) -> int:
+        """Layers whose KV blocks live on the GPU."""
+        return 0 if self.o.kv_offload else sum(f and c.device == "gpu" for f, c in zip(self.kv_flags, choices))
+
+    def state_bytes(self, choices: list[_Choice], on_gpu: bool) -> int:
+        """The state pools of the linear-attention layers whose states live on the GPU (on_gpu) or in RAM."""
+        return self.state_slots * sum(self.m.state_bytes_of(i) for i, c in enumerate(choices)
+                                      if (c.device == "gpu" and not self.o.kv_offload) == on_gpu)
 
     def kv_wanted(self, choices: list[_Choice]) -> tuple[int, str]:
         """KV blocks these choices want: what requests can use (max_model_len x max_num_seqs), within the RAM
@@ -132,9 +134,8 @@ class SizeModel:
             return self.need_blocks, "num_gpu_blocks_override"
         host = self.host_kv_layers(choices)
         budget, what = self.ram_kv_budget()
-        per = self.kv_block_bytes(host)
-        if host and budget // per < self.need_blocks:
-            return int(budget // per), f"{what}: {gib(budget)} for {len(host)} layer(s)"
+        if host and budget // (self.block_layer_bytes * host) < self.need_blocks:
+            return int(budget // (self.block_layer_bytes * host)), f"{what}: {gib(budget)} for {host} layer(s)"
         return self.need_blocks, f"max_model_len {self.max_model_len} x max_num_seqs {o.max_num_seqs}"
 
     # ------------------------------------------------------------ sizes
@@ -243,7 +244,8 @@ class SizeModel:
 
     def gpu_need(self, choices, out_gpu: bool, out_fmt: str, blocks: int) -> DeviceUsage:
         w = sum(self.layer_bytes(i, c)[1] for i, c in enumerate(choices)) + self.output_bytes(out_gpu, out_fmt)[1]
-        return DeviceUsage(self.gpu.name, self.budget, w, blocks * self.kv_block_bytes(self.gpu_kv_layers(choices)),
+        kv = blocks * self.block_layer_bytes * self.gpu_kv_layers(choices) + self.state_bytes(choices, True)
+        return DeviceUsage(self.gpu.name, self.budget, w, kv,
                            self.work_bytes(choices, out_gpu), self.margin())
 
     def fits(self, choices, out_gpu, out_fmt, blocks) -> bool:

@@ -79,6 +79,7 @@ class BlockPool:
         self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(
             (b.block_id, b) for b in self.blocks[1:])
         self.cached: dict[bytes, KVCacheBlock] = {}
+        self.on_evict = None  # called with the hash of each cached block the pool reuses (hybrid_cache.py)
 
     @property
     def num_usable_blocks(self) -> int:
@@ -118,6 +119,8 @@ class BlockPool:
             if b.block_hash is not None:
                 if self.cached.get(b.block_hash) is b:
                     del self.cached[b.block_hash]
+                    if self.on_evict is not None:
+                        self.on_evict(b.block_hash)
                 b.block_hash = None
             b.ref_cnt = 1
             out.append(b)
@@ -327,6 +330,10 @@ class KVCacheManager:
         host_ids = self.swap_space.release(request.request_id)
         request.block_ids = [b.block_id for b in self.pool.get_new_blocks(len(host_ids))]
         return list(zip(request.block_ids, host_ids))
+
+    def take_state_copies(self) -> list[tuple[int, int]]:
+        """State slots to copy before the step (hybrid_cache.py); none here."""
+        return []
 
     def reset_prefix_cache(self) -> bool:
         """Drops every cached hash; always succeeds (held blocks stay allocated, just unshared)."""

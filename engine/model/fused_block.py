@@ -55,8 +55,8 @@ class FusedBlock:
         scale = self.block.out_scale
         get, put = _raw_setters()  # also launches the pool, whose symbols block_step links to
         args = (x, *self.args, cos, sin, *self._kv, meta.slot_mapping, meta.query_start_loc, meta.seq_lens,
-                meta.block_tables, meta.max_seq_len, serial_work(), _NO_SCALE if scale is None else scale,
-                _NO_INPUT if layer_in is None else layer_in)
+                meta.block_tables, meta.max_seq_len, serial_work(), meta.positions, meta.state_slots, meta.snap_rows,
+                meta.snap_slots, _NO_SCALE if scale is None else scale, _NO_INPUT if layer_in is None else layer_in)
         if not self._compiled:
             self._sig = self._sig or fused_compile.signature(args)
             self._compiled = fused_compile.ready(self._sig)

@@ -5,7 +5,7 @@ import math
 import os
 from typing import Any
 
-from engine.core.kv_spec import layout_bytes_per_block
+from engine.core.kv_spec import is_paged, layout_bytes_per_block, layout_state_bytes
 from engine.model.registry import architecture
 from engine.model.weights import open_weights
 
@@ -24,9 +24,11 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     Returns:
         dict with path, format, architecture, name, config (ModelConfig.to_dict()), num_tensors,
         num_params, tensor_types {type name: {"count", "bytes"}} (largest first), total_weight_bytes,
-        kv_bytes_per_1k_tokens (fp16, every layer at full attention: the layers' caches as the runner allocates
-        them, core/kv_spec.LayerKV), sliding_window_layers, kv_shared_layers (layers reading an earlier layer's
-        cache, holding none), kv_note (what the KV figure counts).
+        kv_bytes_per_1k_tokens (fp16, every paged layer at full attention: the layers' caches as the runner
+        allocates them, core/kv_spec.LayerKV), sliding_window_layers, kv_shared_layers (layers reading an earlier
+        layer's cache, holding none), kv_note (what the KV figure counts, for sliding-window, MLA, hybrid and
+        KV-sharing models), state_bytes_per_sequence (the linear-attention layers' states of one sequence,
+        core/kv_spec.LayerState; 0 without).
     Raises:
         ModelLoadError: as open_weights.
     """
@@ -43,13 +45,17 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     types = dict(sorted(types.items(), key=lambda kv: -kv[1]["bytes"]))
     layout = architecture(c.arch).kv_layout(c)
     kv_1k = layout_bytes_per_block(layout, 1024, "fp16")
+    paged = [layer for layer in layout if is_paged(layer)]
     sliding = [w for w in c.layer_sliding_window if w > 0]
     shared = sum(kv.shared_from >= 0 for kv in layout)
     note = "fp16 K and V, every layer at full attention"
-    if any(layer.v_is_k for layer in layout):
-        d = layout[0].head_dim
+    if any(layer.v_is_k for layer in paged):
+        d = paged[0].head_dim
         note = (f"fp16 latent cache (MLA): per token and layer one row of {c.kv_lora_rank} latent + {d - c.kv_lora_rank}"
                 " rope-key values, read as both K and V")
+    if len(paged) < len(layout):
+        note = (f"fp16 K and V of the {len(paged)} attention layers; the {len(layout) - len(paged)} "
+                "linear-attention layers keep a fixed state per sequence instead")
     if shared:
         note += f"; {shared} layers read the K/V of earlier layers and hold none"
     if sliding:
@@ -69,6 +75,7 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         "sliding_window_layers": len(sliding),
         "kv_shared_layers": shared,
         "kv_note": note,
+        "state_bytes_per_sequence": layout_state_bytes(layout),  # float32 states of the linear-attention layers (0: none)
     }
 
 
@@ -134,4 +141,7 @@ def format_info(info: dict[str, Any]) -> str:
         f"weights:        {_bytes(info['total_weight_bytes'])}",
         f"KV cache:       {_bytes(info['kv_bytes_per_1k_tokens'])} per 1k tokens ({info['kv_note']})",
     ]
+    if info.get("state_bytes_per_sequence"):
+        lines.append(f"states:         {_bytes(info['state_bytes_per_sequence'])} per sequence (float32 conv and "
+                     "recurrent states; prefix-cache checkpoints take as much each)")
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cpu_kernels.rope import RopeScaling
-from engine.core.kv_spec import LayerKV
+from engine.core.kv_spec import LayerCache, LayerKV, LayerState
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,11 @@ class AttentionSpec:
     """Self-attention over the paged KV cache: attn_q/k/v/output (+ .bias with qkv_bias; attn_output.bias with
     o_bias), attn_q_norm/attn_k_norm (per-head RMSNorm) with qk_norm, a sliding window (0 = full), a logit softcap
     (0 = none), the score scale (0 = head_dim ** -0.5) and attention sinks (attn_sinks.weight: a learned logit per
-    query head added to the softmax's denominator only, gpt-oss). Gemma 4: head_dim / num_kv_heads of the layer
-    (0 = cfg's); k_eq_v: no attn_v, V is the raw attn_k output; v_norm: V RMSNormed (no weight) before it is cached;
-    kv_from >= 0: the layer computes q only and attends over layer kv_from's cache (no attn_k, attn_v, attn_k_norm
-    and no cache of its own)."""
+    query head added to the softmax's denominator only, gpt-oss). output_gate: attn_q yields [q_h | gate_h] per head
+    (2 head_dim rows each) and the attention output is multiplied by sigmoid(gate) before attn_output (qwen3.5).
+    Gemma 4: head_dim / num_kv_heads of the layer (0 = cfg's); k_eq_v: no attn_v, V is the raw attn_k output; v_norm:
+    V RMSNormed (no weight) before it is cached; kv_from >= 0: the layer computes q only and attends over layer
+    kv_from's cache (no attn_k, attn_v, attn_k_norm and no cache of its own)."""
     rope: RopeSpec
     qkv_bias: bool = False
     qk_norm: bool = False
@@ -43,6 +44,7 @@ class AttentionSpec:
     scale: float = 0.0
     o_bias: bool = False
     sinks: bool = False
+    output_gate: bool = False
     head_dim: int = 0
     num_kv_heads: int = 0
     k_eq_v: bool = False
@@ -57,7 +59,7 @@ class AttentionSpec:
         D, nkv = self.dims(cfg)
         H, hq, hkv = cfg.hidden_size, cfg.num_heads * D, nkv * D
         own = ("q",) if self.kv_from >= 0 else (("q", "k") if self.k_eq_v else ("q", "k", "v"))
-        rows = {"q": hq, "k": hkv, "v": hkv}
+        rows = {"q": 2 * hq if self.output_gate else hq, "k": hkv, "v": hkv}
         out = {f"attn_{p}.weight": (rows[p], H) for p in own}
         out["attn_output.weight"] = (H, hq)
         if self.qkv_bias:
@@ -184,6 +186,36 @@ class MoESpec:
 
 
 @dataclass(frozen=True)
+class GatedDeltaNetSpec:
+    """Gated DeltaNet linear attention (qwen3.5): attn_qkv (q|k|v rows, value heads in GGUF's tiled order: value head
+    h reads key head h % num_k_heads), attn_gate (z), ssm_beta (b), ssm_alpha (a), ssm_conv1d (C, K) depthwise,
+    ssm_dt.bias, ssm_a (= -exp(A_log)), ssm_norm (v_head_dim, a plain weight), ssm_out. A sequence keeps a fixed-size
+    state instead of KV blocks (kv)."""
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int = 4
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.num_k_heads * self.k_head_dim + self.num_v_heads * self.v_head_dim
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        H, C, Hv = cfg.hidden_size, self.conv_dim, self.num_v_heads
+        V = Hv * self.v_head_dim
+        return {"attn_qkv.weight": (C, H), "attn_gate.weight": (V, H), "ssm_beta.weight": (Hv, H),
+                "ssm_alpha.weight": (Hv, H), "ssm_conv1d.weight": (C, self.conv_kernel), "ssm_dt.bias": (Hv,),
+                "ssm_a": (Hv,), "ssm_norm.weight": (self.v_head_dim,), "ssm_out.weight": (H, V)}
+
+    def kv(self, cfg) -> LayerState:
+        """Its cache: no paged blocks, one sequence's float32 states: the conv inputs (K - 1, C) and the delta rule's
+        S (Hv, dk, dv)."""
+        return LayerState(((self.conv_kernel - 1, self.conv_dim),
+                           (self.num_v_heads, self.k_head_dim, self.v_head_dim)))
+
+
+@dataclass(frozen=True)
 class ParallelFFNSpec:
     """A dense gated MLP and a MoE side by side over the same residual input x (Gemma 4):
     mlp_post(mlp(mlp_pre(x))) + moe_post(moe(moe_pre(x))), the MoE's router reading x itself. norms: the four RMSNorm
@@ -250,12 +282,13 @@ class BlockSpec:
             out[self.out_scale] = (1,)
         return out
 
-    def kv(self, cfg) -> LayerKV:
-        """The layer's paged cache: its attention part's."""
+    def kv(self, cfg) -> LayerCache:
+        """The layer's cache: its attention part's paged blocks (LayerKV), or its linear-attention part's
+        per-sequence state (LayerState)."""
         for st in self.steps:
             if hasattr(st.part, "kv"):
                 return st.part.kv(cfg)
-        raise ValueError("a block without an attention part has no paged cache")
+        raise ValueError("a block without an attention or linear-attention part has no cache")
 
 
 def prenorm_block(mixer, ffn) -> BlockSpec:

@@ -22,6 +22,10 @@ class BatchMetadata:
     slot_mapping     (T,) int64   flat KV slot (block_id * block_size + offset) each new token writes
     logits_indices   (R,) int64   rows whose logits are computed (last row of a sampling sequence,
                                   and every row of a sequence that asked for prompt logprobs)
+    state_slots      (S,) int32   linear-attention layers: the state slot of each sequence (a sequence whose
+                                  first row is at position 0 starts from zero states)
+    snap_rows        (S,) int32   copy the states after this many of the sequence's rows (0: none) ...
+    snap_slots       (S,) int32   ... into this slot (a prefix-cache checkpoint at a block boundary)
     rows             RowGroups    which kernels the Linears run on which rows (set by DecoderModel.forward)
     """
     input_ids: np.ndarray
@@ -31,7 +35,16 @@ class BatchMetadata:
     block_tables: np.ndarray
     slot_mapping: np.ndarray
     logits_indices: np.ndarray
+    state_slots: np.ndarray | None = None  # None: zeros (slot 0 for every sequence), no snapshots
+    snap_rows: np.ndarray | None = None
+    snap_slots: np.ndarray | None = None
     rows: "RowGroups | None" = None
+
+    def __post_init__(self):
+        S = len(self.seq_lens)
+        for name in ("state_slots", "snap_rows", "snap_slots"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros(S, np.int32))
 
     @property
     def num_tokens(self) -> int:

@@ -5,10 +5,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.core.kv_spec import LayerKV, kv_storage_dtype, layout_bytes_per_block
+from engine.core.kv_spec import LayerKV, LayerState, is_paged, kv_storage_dtype, layout_bytes_per_block
 from engine.worker.batch import BatchMetadata
 from engine.worker.huge_pages import small_pages, zeros_small_pages
-
 
 
 @dataclass(frozen=True)
@@ -22,6 +21,8 @@ class SeqChunk:
     start: int
     block_ids: tuple[int, ...]
     logits: str = "last"
+    state_slot: int = 0            # linear-attention layers: the sequence's state slot
+    snapshot: tuple[int, int] = ()  # (rows, slot): copy the states after that many of token_ids into slot
 
 
 def layer_cache(layer: LayerKV, num_blocks: int, block_size: int, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -31,30 +32,53 @@ def layer_cache(layer: LayerKV, num_blocks: int, block_size: int, dtype) -> tupl
     return k, (k if layer.v_is_k else zeros_small_pages(layer.block_shape(num_blocks, block_size), dtype))
 
 
-class ModelRunner:
-    """Owns the model and its paged KV cache: one (K, V) pair per layer, shaped by the model's kv_layout (V is K,
-    one array, where the layer reads its values from its keys: MLA; a KV-shared layer holds its source layer's pair,
-    no memory of its own: Gemma 4)."""
+def state_pools(layer: LayerState, num_slots: int) -> tuple[np.ndarray, ...]:
+    """A linear-attention layer's float32 state pools (num_slots, *one sequence's array) each, zeroed."""
+    return tuple(zeros_small_pages(shape, np.float32) for shape in layer.pool_shapes(num_slots))
 
-    def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str = "auto"):
+
+class ModelRunner:
+    """Owns the model and its caches, as the model's kv_layout declares them layer by layer: a (K, V) pair of paged
+    blocks per attention layer (V is K, one array, where the layer reads its values from its keys: MLA; a KV-shared
+    layer holds its source layer's pair, no memory of its own: Gemma 4), a (conv, recurrent) pair of state pools
+    (num_state_slots slots) per linear-attention layer."""
+
+    def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str = "auto",
+                 num_state_slots: int | None = None):
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
+        self.num_state_slots = model.num_state_slots if num_state_slots is None else num_state_slots
         dtype = np.dtype(kv_storage_dtype(kv_cache_dtype))
         self.kv_caches = []
-        for layer in model.kv_layout:
-            shared = layer.shared_from >= 0
-            self.kv_caches.append(self.kv_caches[layer.shared_from] if shared else
-                                  layer_cache(layer, num_blocks, block_size, dtype))
+        for layer in model.kv_layout:  # a KV-shared layer holds its source layer's pair (the same tuple)
+            self.kv_caches.append(self.kv_caches[layer.shared_from] if layer.shared_from >= 0 else
+                                  layer_cache(layer, num_blocks, block_size, dtype) if is_paged(layer)
+                                  else state_pools(layer, self.num_state_slots))
+        self.state_layers = [i for i, layer in enumerate(model.kv_layout) if not is_paged(layer)]
 
     @staticmethod
     def kv_bytes_per_block(config, block_size: int, kv_cache_dtype: str = "auto") -> int:
+        """One block id's cache in every paged layer (state layers hold none)."""
         from engine.model.registry import architecture
         return layout_bytes_per_block(architecture(config.arch).kv_layout(config), block_size, kv_cache_dtype)
+
+    def copy_states(self, pairs) -> None:
+        """pool[dst] = pool[src] in every linear-attention layer, pair by pair in order (a prefix-cache hit restores
+        the checkpoint at its block boundary into the request's own slot before the step runs)."""
+        for src, dst in pairs:
+            for i in self.state_layers:
+                for pool in self.kv_caches[i]:
+                    pool[dst] = pool[src]
 
     def build_batch(self, chunks: list[SeqChunk]) -> BatchMetadata:
         bs = self.block_size
         ids, pos, slots, qsl, lens, logit_rows = [], [], [], [0], [], []
+        state_slots = np.asarray([c.state_slot for c in chunks], np.int32)
+        snap_rows = np.asarray([c.snapshot[0] if c.snapshot else 0 for c in chunks], np.int32)
+        snap_slots = np.asarray([c.snapshot[1] if c.snapshot else 0 for c in chunks], np.int32)
+        if self.state_layers:
+            self._check_states(state_slots, snap_rows, snap_slots)
         max_blocks = max(len(c.block_ids) for c in chunks)
         tables = np.zeros((len(chunks), max_blocks), dtype=np.int32)
         for s, c in enumerate(chunks):
@@ -79,7 +103,16 @@ class ModelRunner:
             input_ids=np.concatenate(ids), positions=np.concatenate(pos),
             query_start_loc=np.asarray(qsl, dtype=np.int32), seq_lens=np.asarray(lens, dtype=np.int32),
             block_tables=tables, slot_mapping=np.concatenate(slots),
-            logits_indices=np.asarray(logit_rows, dtype=np.int64))
+            logits_indices=np.asarray(logit_rows, dtype=np.int64), state_slots=state_slots, snap_rows=snap_rows,
+            snap_slots=snap_slots)
+
+    def _check_states(self, state_slots, snap_rows, snap_slots) -> None:
+        """Each sequence its own slot, snapshots into other slots: the kernels write them from parallel units."""
+        n = self.num_state_slots
+        used = list(state_slots) + [s for r, s in zip(snap_rows, snap_slots) if r > 0]
+        if len(set(used)) != len(used) or any(not 0 <= s < n for s in used):
+            raise ValueError(f"state slots {state_slots.tolist()} (snapshots {snap_slots.tolist()}) must be distinct "
+                             f"and below {n}")
 
     def execute_hidden(self, chunks: list[SeqChunk]) -> list[np.ndarray | None]:
         """Runs one forward pass; returns per chunk the hidden rows its `logits` asks for, or None.

@@ -1,14 +1,14 @@
 """Self-attention over the paged KV cache (spec.AttentionSpec): q/k/v projections (stacked where they can be),
-optional QK-norm and biases, RoPE, a sliding window, a softcap, attention sinks; Gemma 4's V norm, V taken from the
-k projection (k_eq_v), and layers that compute q only and attend over an earlier layer's cache (kv_from: the decoder
-hands them that layer's K/V)."""
+optional QK-norm and biases, RoPE, a sliding window, a softcap, attention sinks, qwen3.5's sigmoid output gate
+(q_proj yields [q_h | gate_h] per head); Gemma 4's V norm, V taken from the k projection (k_eq_v), and layers that
+compute q only and attend over an earlier layer's cache (kv_from: the decoder hands them that layer's K/V)."""
 from __future__ import annotations
 
 import numpy as np
 
 from cpu_kernels import attention, attention_sdpa, rope
 from cpu_kernels.attention import NO_SINKS
-from cpu_kernels.attn_inputs import attn_inputs, q_inputs
+from cpu_kernels.attn_inputs import attn_inputs, q_inputs, sigmoid_gate
 from cpu_kernels.quant.threads import serial_if, serial_work
 from engine.model.parts.base import Part, packed_linears
 from engine.model.parts.linear import Linear, Projections, has, vector
@@ -41,6 +41,10 @@ class Attention(Part):
         self.batch_invariant = batch_invariant
         self.scale = spec.scale or D ** -0.5
         self.sliding_window, self.softcap, self.neox = spec.sliding_window, spec.softcap, spec.rope.neox
+        self.output_gate = spec.output_gate
+        if self.output_gate and self.shared_kv:
+            raise NotImplementedError("an output-gated attention reading another layer's K/V is not supported")
+        self.q_stride = 2 * D if spec.output_gate else D  # columns from one q head to the next
         key = ("rope", spec.rope, D)
         if key not in shared:  # layers with the same RoPE share one table (and one cos/sin per step)
             shared[key] = rope_tables(spec.rope.dim or D, spec.rope, ws)
@@ -65,7 +69,7 @@ class Attention(Part):
                 vc = cols[2] if len(cols) > 2 else kc  # k_eq_v: V is the raw k projection
                 k_norm = None if self.k_norm is None else norm_args(self.k_norm)
                 q = attn_inputs(qc, kc, vc, self.num_heads, q_norm, k_norm, cos, sin, self.neox, k_cache, v_cache,
-                                meta.slot_mapping, self.v_norm)
+                                meta.slot_mapping, self.q_stride, self.v_norm)
         # Work ~ query rows x context x heads x head_dim (a decode over a short context is tiny).
         work = t * meta.max_seq_len * self.num_heads * self.head_dim
         long_seqs = None if self.batch_invariant or rows is None else rows.bf16_attention(x)
@@ -77,6 +81,8 @@ class Attention(Part):
                 out = attention.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                                 meta.block_tables, self.scale, self.sliding_window, self.softcap,
                                                 long_seqs, self.sinks)
+        if self.output_gate:
+            sigmoid_gate(out, (qc[0], qc[1] + self.head_dim), self.q_stride)
         return self.o(out.reshape(t, self.num_heads * self.head_dim), rows)
 
     def fused(self):
@@ -112,7 +118,8 @@ class Attention(Part):
             tuple(packed(lin.weight) for lin in lins), tuple(int(lin.weight.N) for lin in lins),
             tuple(int(lin.weight.nbytes) for lin in lins),
             tuple(lin.bias if lin.bias is not None else NO_NORM for lin in lins),
-            (k_src, v_src, q0, k0, v0, int(self.num_heads), int(bool(self.neox))),
+            (k_src, v_src, q0, k0, v0, int(self.num_heads), int(bool(self.neox)), int(self.q_stride),
+             int(self.output_gate)),
             (np.ascontiguousarray(qn[0]), np.ascontiguousarray(kn[0]), np.ascontiguousarray(vn[0])),
             (qn[1], kn[1], *f, vn[1]), int(self.sliding_window or 0), sinks)
 
