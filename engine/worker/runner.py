@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-from engine.core.kv_spec import LayerKV, kv_storage_dtype, layout_bytes_per_block
+from engine.core.kv_spec import LayerKV, cache_groups, kv_storage_dtype, layer_groups, layout_bytes_per_block
 from engine.worker.batch import BatchMetadata
 from engine.worker.huge_pages import small_pages, zeros_small_pages
 
@@ -22,6 +23,7 @@ class SeqChunk:
     start: int
     block_ids: tuple[int, ...]
     logits: str = "last"
+    group_block_ids: tuple[tuple[int, ...], ...] = ()  # cache groups 1..'s tables; () = block_ids serves them all
 
 
 def layer_cache(layer: LayerKV, num_blocks: int, block_size: int, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -33,36 +35,58 @@ def layer_cache(layer: LayerKV, num_blocks: int, block_size: int, dtype) -> tupl
 
 class ModelRunner:
     """Owns the model and its paged KV cache: one (K, V) pair per layer, shaped by the model's kv_layout (V is K,
-    one array, where the layer reads its values from its keys: MLA)."""
+    one array, where the layer reads its values from its keys: MLA), with its cache group's block count
+    (num_blocks: one count for every group, or one per group in kv_spec.cache_groups order)."""
 
-    def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str = "auto"):
+    def __init__(self, model, num_blocks: int | Sequence[int], block_size: int = 16, kv_cache_dtype: str = "auto"):
         self.model = model
         self.block_size = block_size
-        self.num_blocks = num_blocks
+        self.groups = cache_groups(model.kv_layout)
+        counts = (num_blocks,) * len(self.groups) if isinstance(num_blocks, int) else tuple(num_blocks)
+        if len(counts) != len(self.groups):
+            raise ValueError(f"{len(counts)} block counts for {len(self.groups)} cache groups")
+        self.group_num_blocks = counts
+        self.num_blocks = counts[0]
         dtype = np.dtype(kv_storage_dtype(kv_cache_dtype))
-        self.kv_caches = [layer_cache(layer, num_blocks, block_size, dtype) for layer in model.kv_layout]
+        self.kv_caches = [layer_cache(layer, counts[g], block_size, dtype)
+                          for layer, g in zip(model.kv_layout, layer_groups(model.kv_layout))]
+
+    @property
+    def windows(self) -> tuple[int, ...]:
+        """Each cache group's sliding window (0 = full attention), for the KV-cache manager."""
+        return tuple(g.window for g in self.groups)
 
     @staticmethod
     def kv_bytes_per_block(config, block_size: int, kv_cache_dtype: str = "auto") -> int:
         from engine.model.registry import architecture
         return layout_bytes_per_block(architecture(config.arch).kv_layout(config), block_size, kv_cache_dtype)
 
-    def build_batch(self, chunks: list[SeqChunk]) -> BatchMetadata:
+    @staticmethod
+    def _tables(chunks: list[SeqChunk], g: int) -> list[tuple[int, ...]]:
+        return [c.block_ids if g == 0 or not c.group_block_ids else c.group_block_ids[g - 1] for c in chunks]
+
+    def _group_table(self, chunks: list[SeqChunk], g: int, pos: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Cache group g's block tables (S, max_blocks) and slot mapping (T,) of the batch."""
         bs = self.block_size
-        ids, pos, slots, qsl, lens, logit_rows = [], [], [], [0], [], []
-        max_blocks = max(len(c.block_ids) for c in chunks)
-        tables = np.zeros((len(chunks), max_blocks), dtype=np.int32)
-        for s, c in enumerate(chunks):
+        group = self._tables(chunks, g)
+        tables = np.zeros((len(chunks), max(len(t) for t in group)), dtype=np.int32)
+        slots = []
+        for s, (c, ids, p) in enumerate(zip(chunks, group, pos)):
+            if c.start + len(c.token_ids) > len(ids) * bs:
+                raise ValueError(f"sequence {s}: {c.start + len(c.token_ids)} tokens need more than its {len(ids)} "
+                                 f"blocks")
+            blocks = np.asarray(ids, dtype=np.int64)
+            slots.append(blocks[p // bs] * bs + p % bs)
+            tables[s, : len(ids)] = ids
+        return tables, np.concatenate(slots)
+
+    def build_batch(self, chunks: list[SeqChunk]) -> BatchMetadata:
+        ids, pos, qsl, lens, logit_rows = [], [], [0], [], []
+        for c in chunks:
             n = len(c.token_ids)
             end = c.start + n
-            if end > len(c.block_ids) * bs:
-                raise ValueError(f"sequence {s}: {end} tokens need more than its {len(c.block_ids)} blocks")
-            p = np.arange(c.start, end, dtype=np.int64)
-            blocks = np.asarray(c.block_ids, dtype=np.int64)
             ids.append(np.asarray(c.token_ids, dtype=np.int64))
-            pos.append(p)
-            slots.append(blocks[p // bs] * bs + p % bs)
-            tables[s, : len(c.block_ids)] = c.block_ids
+            pos.append(np.arange(c.start, end, dtype=np.int64))
             row0 = qsl[-1]
             if c.logits == "all":
                 logit_rows.extend(range(row0, row0 + n))
@@ -70,11 +94,12 @@ class ModelRunner:
                 logit_rows.append(row0 + n - 1)
             qsl.append(row0 + n)
             lens.append(end)
+        tables, slots = self._group_table(chunks, 0, pos)
         return BatchMetadata(
             input_ids=np.concatenate(ids), positions=np.concatenate(pos),
             query_start_loc=np.asarray(qsl, dtype=np.int32), seq_lens=np.asarray(lens, dtype=np.int32),
-            block_tables=tables, slot_mapping=np.concatenate(slots),
-            logits_indices=np.asarray(logit_rows, dtype=np.int64))
+            block_tables=tables, slot_mapping=slots, logits_indices=np.asarray(logit_rows, dtype=np.int64),
+            group_tables=tuple(self._group_table(chunks, g, pos) for g in range(1, len(self.groups))))
 
     def execute_hidden(self, chunks: list[SeqChunk]) -> list[np.ndarray | None]:
         """Runs one forward pass; returns per chunk the hidden rows its `logits` asks for, or None.
