@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from engine.core.kv_spec import cache_groups, kv_storage_dtype, layer_groups, split_pool
+from engine.core.kv_spec import cache_groups, group_counts, kv_storage_dtype, layer_groups, split_pool
 from offload.plan_types import PlacementPlan, PlanOptions
 
 logger = logging.getLogger("ramlm.offload")
@@ -157,12 +157,16 @@ def placement_options(args, max_model_len: int, num_blocks: int) -> PlanOptions:
     return PlanOptions.from_args(args, max_model_len=max_model_len, kv_pool_blocks=num_blocks)
 
 
-def group_blocks(args, model, max_model_len: int, num_blocks: int) -> tuple[int, ...]:
-    """The pool of num_blocks blocks in every layer, split per cache group (core/kv_spec.split_pool: sliding
-    groups get what max_num_seqs requests hold, the full ones the rest); num_gpu_blocks_override gives every group
-    that many."""
+def group_blocks(args, model, max_model_len: int, num_blocks: int, planned: bool = False) -> tuple[int, ...]:
+    """The pool of num_blocks blocks in every layer, per cache group. In RAM (core/kv_spec.split_pool) sliding groups
+    get what max_num_seqs requests hold and the full ones the rest of the bytes; a GPU plan (planned) counted the
+    full groups at num_blocks and the sliding ones at what they use (kv_spec.group_counts), which is what they get.
+    num_gpu_blocks_override gives every group that many."""
     if getattr(args, "num_gpu_blocks_override", None):
         return (int(num_blocks),) * len(cache_groups(model.kv_layout))
+    if planned:
+        return group_counts(model.kv_layout, num_blocks, args.block_size, max_model_len, args.max_num_seqs,
+                            args.max_num_batched_tokens)
     return split_pool(model.kv_layout, num_blocks, args.block_size, args.kv_cache_dtype, max_model_len,
                       args.max_num_seqs, args.max_num_batched_tokens)
 
@@ -190,7 +194,7 @@ def apply_placement(args, model, max_model_len: int, num_blocks: int) -> tuple[i
     if getattr(args, "batch_invariant", False) and p.uses_gpu():
         logger.warning("batch_invariant: layers on %s are not batch-invariant (torch picks kernels by shape)",
                        p.gpu_device)
-    counts = group_blocks(args, model, max_model_len, p.kv.num_blocks)
+    counts = group_blocks(args, model, max_model_len, p.kv.num_blocks, planned=p.uses_gpu())
     apply_plan(model, p, num_blocks=counts, block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype)
     return counts
 

@@ -4,6 +4,7 @@ plans for 8B or 30B models can be tested without multi-GB files.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import asdict, dataclass
@@ -61,6 +62,7 @@ class ModelMeta:
     moe_intermediate_size: int = 0
     tensors: tuple[TensorMeta, ...] = ()
     kv_layer: LayerKV | None = None  # a layer's paged cache (the largest one's); None: K and V of the kv heads
+    kv_windows: tuple[int, ...] = ()  # each layer's sliding window (0: full attention); (): every layer full
 
     def layer_tensors(self, layer: int) -> list[TensorMeta]:
         return [t for t in self.tensors if t.layer == layer]
@@ -99,14 +101,16 @@ def model_meta(ws) -> ModelMeta:
     return ModelMeta(name, cfg.arch, cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size,
                      cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.max_position_embeddings, tied,
                      cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, tuple(tensors),
-                     _kv_layer(cfg))
+                     *_kv_layout(cfg))
 
 
-def _kv_layer(cfg) -> LayerKV:
-    """The planner counts every layer's cache alike: the largest layer's (the architecture's BlockSpecs say)."""
+def _kv_layout(cfg) -> tuple[LayerKV, tuple[int, ...]]:
+    """The planner counts every layer's cache per block alike (the largest layer's, the architecture's BlockSpecs
+    say) and each layer's window: a sliding layer holds only what its requests' windows need."""
     from engine.model.registry import architecture
     layout = architecture(cfg.arch).kv_layout(cfg)
-    return max(layout, key=lambda k: k.bytes_per_block(1, "fp16"))
+    largest = max(layout, key=lambda k: k.bytes_per_block(1, "fp16"))
+    return dataclasses.replace(largest, window=0), tuple(layer.window for layer in layout)
 
 
 def model_meta_from_path(path: str) -> ModelMeta:
@@ -128,7 +132,8 @@ SHAPES: dict[str, dict] = {
                               moe_intermediate_size=768),
     "gpt-oss-20b": dict(arch="gpt-oss", num_layers=24, hidden_size=2880, intermediate_size=2880, num_heads=64,
                         num_kv_heads=8, head_dim=64, vocab_size=201088, max_position_embeddings=131072,
-                        num_experts=32, num_experts_per_tok=4, moe_intermediate_size=2880),
+                        num_experts=32, num_experts_per_tok=4, moe_intermediate_size=2880,
+                        layer_sliding_window=tuple(128 if i % 2 == 0 else 0 for i in range(24))),
     # DeepSeek-V3's dims with 3 of its 61 layers (one dense, two MoE): the latent cache, 256 experts
     "deepseek-v3-3l": dict(arch="deepseek2", num_layers=3, hidden_size=7168, intermediate_size=18432, num_heads=128,
                            num_kv_heads=1, head_dim=192, vocab_size=129280, max_position_embeddings=163840,
@@ -138,7 +143,7 @@ SHAPES: dict[str, dict] = {
                            expert_gating="sigmoid", expert_selection_bias=True, dense_layers=(0,)),
     "gemma-3-270m": dict(arch="gemma3", num_layers=18, hidden_size=640, intermediate_size=2048, num_heads=4,
                          num_kv_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
-                         tie_word_embeddings=True),
+                         tie_word_embeddings=True, layer_sliding_window=tuple(0 if i % 6 == 5 else 512 for i in range(18))),
 }
 QUANTS = ("q4_k_m", "q4_0", "q8_0", "q6_k", "f16", "bf16", "f32", "mxfp4")
 
@@ -218,7 +223,7 @@ def synthetic_meta(shape: str | dict, quant: str = "q4_k_m", name: str | None = 
     return ModelMeta(label, s["arch"], L, H, s["intermediate_size"], V, s["num_heads"], s["num_kv_heads"],
                      s["head_dim"], s["max_position_embeddings"], tied, s.get("num_experts", 0),
                      s.get("num_experts_per_tok", 0), s.get("moe_intermediate_size", 0), tuple(tensors),
-                     _kv_layer(shape_config(s)))
+                     *_kv_layout(shape_config(s)))
 
 
 def _nbytes(t: Q, shape: tuple[int, ...]) -> int:

@@ -101,6 +101,22 @@ def sliding_blocks_per_seq(window: int, block_size: int, max_step_tokens: int, m
     return -(-tokens // block_size) + 1
 
 
+def sliding_pool_blocks(window: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                        max_model_len: int) -> int:
+    """A sliding group's pool (null block included): what max_num_seqs requests hold at once, twice over (the second
+    half keeps freed blocks findable by the prefix cache)."""
+    return 2 * max_num_seqs * sliding_blocks_per_seq(window, block_size, max_num_batched_tokens, max_model_len) + 1
+
+
+def group_counts(layout: Sequence[LayerKV], num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int,
+                 max_num_batched_tokens: int) -> tuple[int, ...]:
+    """Blocks per cache group when the full groups keep num_blocks and each sliding group takes what it can use
+    (sliding_pool_blocks) up to that: the planner's count, where a GPU's room bounds every group."""
+    return tuple(min(num_blocks, sliding_pool_blocks(g.window, block_size, max_num_seqs, max_num_batched_tokens,
+                                                     max_model_len)) if g.window else num_blocks
+                 for g in cache_groups(layout))
+
+
 def split_pool(layout: Sequence[LayerKV], num_blocks: int, block_size: int, kv_cache_dtype: str, max_model_len: int,
                max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
     """Blocks per cache group (null block included) for the bytes of `num_blocks` blocks in every layer.
@@ -118,8 +134,8 @@ def split_pool(layout: Sequence[LayerKV], num_blocks: int, block_size: int, kv_c
     counts = {}
     for g in groups:
         if g.window:
-            per_seq = sliding_blocks_per_seq(g.window, block_size, max_num_batched_tokens, max_model_len)
-            counts[g.window] = min(num_blocks, 2 * max_num_seqs * per_seq + 1)
+            counts[g.window] = min(num_blocks, sliding_pool_blocks(g.window, block_size, max_num_seqs,
+                                                                   max_num_batched_tokens, max_model_len))
             budget -= counts[g.window] * sizes[g.window]
     full_bytes = sum(sizes[g.window] for g in groups if not g.window)
     if full_bytes:
