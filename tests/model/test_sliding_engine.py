@@ -121,3 +121,30 @@ def test_long_request_holds_only_its_window_in_sliding_layers(hf_and_folder):
             most = max(most, len(full))
     assert most == 27  # after the step before the last (108 tokens of KV) the full group held them all
     assert kv.usage == 0.0
+
+
+def test_layers_on_the_torch_device_follow_their_group(hf_and_folder, solo):
+    """Layers 3-5 on torch's CPU device (two sliding, the full one): each device cache has its group's blocks (the
+    sliding group's what 2 requests' windows hold), and the answers stay the solo runs' (the torch path rounds
+    differently: tokens up to near ties, logprobs within 1e-3 while tokens agree)."""
+    llm = LLM(model=hf_and_folder[1], n_gpu_layers=3, gpu_device="cpu", max_num_batched_tokens=8, max_num_seqs=2,
+              **COMMON)
+    eng = llm.llm_engine
+    assert eng.model.placement.gpu_layers() == [3, 4, 5]
+    full, sliding = eng.runner.group_num_blocks
+    assert (full, sliding) == (65, 2 * 2 * 4 + 1)  # 2 x 32 blocks + null; 2 x 2 x (cdiv(4 + 8, 4) + 1) + 1
+    assert [type(eng.runner.kv_caches[i][0]).__module__.split(".")[0] for i in (2, 3)] == ["numpy", "torch"]
+    assert [eng.runner.kv_caches[i][0].shape[0] for i in range(6)] == [sliding] * 5 + [full]
+    outs = llm.generate(_prompts(), GREEDY, use_tqdm=False)
+    assert_same_up_to_near_ties(solo, outs)
+    for ref, got in zip(solo, outs):
+        for i, (a, b) in enumerate(zip(ref.outputs[0].token_ids, got.outputs[0].token_ids)):
+            if a != b:
+                break
+            assert abs(ref.outputs[0].logprobs[i][a].logprob - got.outputs[0].logprobs[i][b].logprob) < 1e-3
+    assert eng.kv_manager.usage == 0.0
+
+
+def test_ram_tier_is_refused_with_sliding_layers(hf_and_folder):
+    with pytest.raises(ValueError, match="RAM tier .* not supported for models with sliding-window layers"):
+        LLM(model=hf_and_folder[1], n_gpu_layers="all", gpu_device="cpu", num_cpu_blocks=8, **COMMON)
