@@ -32,6 +32,9 @@ def ready(sig: tuple) -> bool:
     """Whether block_step runs sig now: cached ones load; uncached ones are noted for start_pending (False)."""
     key = hashlib.sha256(str(sig).encode()).hexdigest()[:16]
     state = _state.get(key)
+    if state == "compiling" and not BACKGROUND:  # in line means now: join the compile an earlier engine started
+        wait()
+        state = _state.get(key)
     if state in ("ready", "compiling", "failed"):
         return state == "ready"
     if not BACKGROUND or os.path.exists(_marker(key)):  # a noted signature too, once it may compile in line

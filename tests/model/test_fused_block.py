@@ -3,6 +3,7 @@ the block's parts called one by one (logits and KV cache), and steps aside where
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import gguf
 import numpy as np
@@ -184,6 +185,26 @@ def test_a_new_signature_compiles_in_the_background(model, calls, monkeypatch, t
     runner.execute([SeqChunk((4,), 3, (1,), "last")])
     assert calls[0] == len(model.blocks)
     assert any(p.name.startswith("fused-block-") for p in tmp_path.iterdir())
+
+
+def test_an_inline_engine_joins_a_compile_an_earlier_engine_started(model, calls, monkeypatch, tmp_path):
+    """A background compile under way (an earlier engine's) and an engine that compiles in line: its first step runs
+    fused (it ran every block kernel by kernel while the other thread compiled, a flaky count under load)."""
+    monkeypatch.setattr(fused_compile, "BACKGROUND", True)
+    monkeypatch.setattr(fused_compile, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(fused_compile, "_state", {})
+    monkeypatch.setattr(fused_compile, "_wanted", {})
+    _set_fused(model, True, monkeypatch)
+    gate, real = threading.Event(), fused_compile._compile
+    monkeypatch.setattr(fused_compile, "_compile", lambda key, sig: (gate.wait(), real(key, sig)))
+    runner = ModelRunner(model, num_blocks=4, block_size=16, kv_cache_dtype="fp32")
+    runner.execute([SeqChunk((1, 2), 0, (1,), "last")])
+    fused_compile.start_pending()
+    assert "compiling" in fused_compile._state.values()
+    threading.Timer(0.5, gate.set).start()  # the earlier engine's compile ends while the next step waits for it
+    monkeypatch.setattr(fused_compile, "BACKGROUND", False)
+    runner.execute([SeqChunk((3,), 2, (1,), "last")])
+    assert calls[0] == len(model.blocks)
 
 
 def test_long_chunk_through_the_scratch_buffer_gives_the_same_logits(model, monkeypatch):
