@@ -148,3 +148,31 @@ def test_layers_on_the_torch_device_follow_their_group(hf_and_folder, solo):
 def test_ram_tier_is_refused_with_sliding_layers(hf_and_folder):
     with pytest.raises(ValueError, match="RAM tier .* not supported for models with sliding-window layers"):
         LLM(model=hf_and_folder[1], n_gpu_layers="all", gpu_device="cpu", num_cpu_blocks=8, **COMMON)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_null_entries_out_of_the_window_change_no_bit(hf_and_folder, monkeypatch, fused):
+    """Decode steps whose sliding tables hold the null block where blocks left the window give the bits of tables
+    that still hold every block, in the fused decode step and kernel by kernel, with group pools of other sizes."""
+    from engine.model import fused_compile
+    from engine.model.loader import load_model
+    from engine.worker.runner import ModelRunner, SeqChunk
+    from tests.fused_calls import count_fused_calls
+    monkeypatch.setattr(fused_compile, "BACKGROUND", False)
+    monkeypatch.setenv("RAMLM_FUSED_BLOCKS", "1" if fused else "0")
+    calls = count_fused_calls(monkeypatch)
+    model = load_model(hf_and_folder[1])[0]
+    prompt = tuple(int(t) for t in _rng.integers(2, 256, 30))
+    outs = []
+    for drop in (False, True):
+        runner = ModelRunner(model, (20, 12), block_size=4, kv_cache_dtype="fp32")
+        full = tuple(range(1, 11))
+        runner.execute([SeqChunk(prompt, 0, full[:8], "last", (full[:8],))])
+        got = []
+        for pos in range(30, 38):  # position p sees p - 4 ..: blocks before (p - 4) // 4 may be null
+            ids = full[: pos // 4 + 1]
+            sliding = tuple(0 if drop and b < (pos - 4) // 4 else ids[b] for b in range(len(ids)))
+            got.append(runner.execute([SeqChunk((7,), pos, ids, "last", (sliding,))])[0])
+        outs.append(np.concatenate(got))
+    assert np.array_equal(outs[0], outs[1])
+    assert (calls[0] > 0) == fused
