@@ -103,9 +103,10 @@ def sliding_blocks_per_seq(window: int, block_size: int, max_step_tokens: int, m
 
 def sliding_pool_blocks(window: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
                         max_model_len: int) -> int:
-    """A sliding group's pool (null block included): what max_num_seqs requests hold at once, twice over (the second
-    half keeps freed blocks findable by the prefix cache)."""
-    return 2 * max_num_seqs * sliding_blocks_per_seq(window, block_size, max_num_batched_tokens, max_model_len) + 1
+    """A sliding group's pool (null block included): what max_num_seqs requests hold at once, plus one window of
+    blocks each for the prefix cache (a hit needs only the window before its end: freed blocks stay findable)."""
+    per_seq = sliding_blocks_per_seq(window, block_size, max_num_batched_tokens, max_model_len)
+    return max_num_seqs * (per_seq + -(-window // block_size)) + 1
 
 
 def group_counts(layout: Sequence[LayerKV], num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int,
@@ -121,8 +122,8 @@ def split_pool(layout: Sequence[LayerKV], num_blocks: int, block_size: int, kv_c
                max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
     """Blocks per cache group (null block included) for the bytes of `num_blocks` blocks in every layer.
 
-    A sliding group gets what max_num_seqs requests can hold at once (sliding_blocks_per_seq each) twice over (the
-    second half keeps freed blocks findable by the prefix cache) but never more than num_blocks; the full groups
+    A sliding group gets what max_num_seqs requests can hold at once and a window each for the prefix cache
+    (sliding_pool_blocks) but never more than num_blocks; the full groups
     share the rest evenly in blocks, never more than max_num_seqs contexts of max_model_len: so no group has fewer
     blocks than one pool of num_blocks for every layer gave it."""
     groups = cache_groups(layout)

@@ -243,11 +243,11 @@ def test_sliding_window_layers_count_what_their_windows_hold(tmp_path):
     assert gemma.kv_windows.count(512) == 15 and gemma.kv_windows.count(0) == 3
     per = gemma.kv.bytes_per_block(16, "auto")
     cap = sliding_pool_blocks(512, 16, 4, 2048, 32768)
-    assert cap == 2 * 4 * (-(-(511 + 2048) // 16) + 1) + 1 == 1289
+    assert cap == 4 * (-(-(511 + 2048) // 16) + 1 + 512 // 16) + 1 == 773
     p = plan(gemma, gpu_machine(8, 32), n_gpu_layers="all", max_model_len=32768, max_num_seqs=4)
     n = p.kv.num_blocks
     assert n == 4 * 2048 + 1 and gpu_use(p).kv == 3 * per * n + 15 * per * cap
-    assert any("sliding-window layers hold at most 1289" in r for r in p.reasons)
+    assert any("sliding-window layers hold at most 773" in r for r in p.reasons)
     small = plan(gemma, gpu_machine(1.75, 32), n_gpu_layers="all", max_model_len=32768, max_num_seqs=4)
     u, n = gpu_use(small), small.kv.num_blocks
     assert small.kv.limited_by.startswith("room left") and u.total <= u.budget

@@ -157,11 +157,11 @@ def test_scheduler_admits_long_requests_by_the_window_bound():
 
 def test_split_pool_gives_full_layers_what_sliding_ones_do_not_need():
     layout = tuple(LayerKV(1, 64, window=0 if (i + 1) % 6 == 0 else 512) for i in range(18))
-    # 1000 blocks of 16 tokens in every layer: the 15 sliding layers need 2 x 4 x (cdiv(511 + 64, 16) + 1) + 1
+    # 1000 blocks of 16 tokens in every layer: the 15 sliding layers need 4 x (cdiv(511 + 64, 16) + 1 + 512 / 16) + 1
     per = sliding_blocks_per_seq(512, 16, 64, 32768)
     assert per == 37
     full, sliding = split_pool(layout, 1000, 16, "fp16", 32768, 4, 64)
-    assert sliding == 2 * 4 * per + 1 == 297
-    assert full == 1000 + (1000 - 297) * 15 // 3  # the freed sliding bytes go to the 3 full layers
+    assert sliding == 4 * (per + 32) + 1 == 277
+    assert full == 1000 + (1000 - 277) * 15 // 3  # the freed sliding bytes go to the 3 full layers
     assert split_pool(layout, 100, 16, "fp16", 32768, 4, 64) == (100, 100)  # too small to split: as before
     assert split_pool(layout[:5], 100, 16, "fp16", 32768, 4, 64) == (100,)  # one group: nothing to split
