@@ -2,6 +2,7 @@ r"""Do ramlm's GGUF files load in llama.cpp, and compute the same thing there?
 
     python -m bench.llamacpp_load                      # a tiny exported GGUF of every registered architecture
     python -m bench.llamacpp_load --file /tmp/llama8b.gguf --file ...   # also these (synthetic shapes): load only
+    python -m bench.llamacpp_load --arch qwen35 --arch qwen35moe --mtp  # with an MTP layer (blk.{L}.nextn.*)
 
 For each architecture, a tiny random model is built with transformers (tests/model/tiny_models.py; run from the
 repository root), exported by engine/model/gguf_export.write_gguf in F32 with a byte-level vocabulary, loaded by
@@ -38,7 +39,29 @@ def byte_vocab(n: int) -> dict:
             "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
 
 
-def check_arch(arch: str, folder: Path) -> dict:
+# Architectures whose checkpoints carry multi-token-prediction layers (HF mtp.*, GGUF blk.{L}.nextn.*)
+MTP_ARCHES = ("qwen35", "qwen35moe")
+
+
+def add_mtp_layer(hf, folder: Path) -> None:
+    """Qwen3.5's mtp.* tensors beside the saved model (a second shard): fc, its three norms and one decoder layer
+    shaped as the last one (full attention), random; transformers ignores them, the GGUF keeps them."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+    sd, H, last = hf.state_dict(), hf.config.hidden_size, f"model.layers.{hf.config.num_hidden_layers - 1}."
+    g = torch.Generator().manual_seed(5)
+    mtp = {f"mtp.{k}.weight": torch.randn(*shape, generator=g) for k, shape in
+           (("fc", (H, 2 * H)), ("norm", (H,)), ("pre_fc_norm_embedding", (H,)), ("pre_fc_norm_hidden", (H,)))}
+    mtp.update({"mtp.layers.0." + k[len(last):]: v.clone() for k, v in sd.items() if k.startswith(last)})
+    save_file(mtp, str(folder / "mtp.safetensors"))
+    (folder / "model.safetensors").rename(folder / "main.safetensors")
+    weight_map = {k: "main.safetensors" for k in sd} | {k: "mtp.safetensors" for k in mtp}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+def check_arch(arch: str, folder: Path, mtp: bool = False) -> dict:
     import gguf
     import llama_cpp
     from engine.model.gguf_export import write_gguf
@@ -46,6 +69,8 @@ def check_arch(arch: str, folder: Path) -> dict:
     from tests.model.tiny_models import hf_logits, tiny_model
     hf = tiny_model(arch)
     hf.save_pretrained(folder, safe_serialization=True)
+    if mtp:
+        add_mtp_layer(hf, folder)
     ws = open_weights(str(folder))
     tensors = {n: np.asarray(ws.raw(n), dtype=np.float32) for n in ws.names()}
     path = str(folder / f"{arch}.gguf")
@@ -54,11 +79,12 @@ def check_arch(arch: str, folder: Path) -> dict:
     try:
         llm = llama_cpp.Llama(path, n_ctx=64, logits_all=True, verbose=False, n_threads=2)
     except Exception as e:  # noqa: BLE001 (the load error is the result)
-        return {"arch": arch, "loads": False, "error": str(e)}
+        return {"arch": arch, "mtp_layers": ws.config.nextn_layers, "loads": False, "error": str(e)}
     llm.eval(PROMPT)
     got = np.array(llm.scores[:len(PROMPT)])
     ref = hf_logits(hf, PROMPT).numpy()
-    return {"arch": arch, "loads": True, "rel_err": float(np.abs(got - ref).max() / np.abs(ref).max())}
+    return {"arch": arch, "mtp_layers": ws.config.nextn_layers, "loads": True,
+            "rel_err": float(np.abs(got - ref).max() / np.abs(ref).max())}
 
 
 def check_file(path: str) -> dict:
@@ -75,6 +101,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", action="append", help="only these architectures (default: every registered one)")
     ap.add_argument("--file", action="append", default=[], help="a GGUF file to load too")
+    ap.add_argument("--mtp", action="store_true", help=f"give {', '.join(MTP_ARCHES)} an MTP layer")
     args = ap.parse_args(argv)
     from engine.model.registry import ARCHITECTURES, architecture
     architecture("llama")  # registers them all
@@ -83,15 +110,15 @@ def main(argv=None) -> None:
         for arch in args.arch or sorted(ARCHITECTURES):
             folder = Path(tmp) / arch
             folder.mkdir()
-            r = check_arch(arch, folder)
+            r = check_arch(arch, folder, mtp=args.mtp and arch in MTP_ARCHES)
             results.append(r)
-            print(f"{arch}: " + (f"loads, logits within {r['rel_err']:.1e} of transformers" if r["loads"]
+            print(f"{arch}{' + MTP' if r['mtp_layers'] else ''}: " + (f"loads, logits within {r['rel_err']:.1e} of transformers" if r["loads"]
                                   else f"does not load: {r['error']}"))
     for path in args.file:
         r = check_file(path)
         results.append(r)
         print(f"{r['file']}: " + ("loads and runs" if r["loads"] else f"does not load: {r['error']}"))
-    print(f"wrote {write_result('llamacpp-load', {'results': results}, {'files': args.file})}")
+    print(f"wrote {write_result('llamacpp-load', {'results': results}, {'files': args.file, 'mtp': args.mtp})}")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,19 @@ SHAPES = {
                           expert_group_count=4, expert_group_used_count=2, expert_weights_scale=2.5,
                           norm_topk_prob=True, expert_gating="sigmoid", expert_selection_bias=True,
                           dense_layers=(0,)),
+    # Qwen3.5/3.6: three Gated DeltaNet layers per gated-attention layer. The 35B-A3B's 40 layers are 19.6 GiB in
+    # Q4_K_M; 32 of them (15.8 GiB) leave a 24 GiB machine room for the runtime, the states and the KV.
+    "qwen3.5-27b": dict(arch="qwen35", vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_layers=64,
+                        num_heads=24, num_kv_heads=4, head_dim=256, rope_theta=1e7, rope_dim=64, rms_norm_eps=1e-6,
+                        max_position_embeddings=262144, linear_layers=tuple(i for i in range(64) if (i + 1) % 4),
+                        ssm_conv_kernel=4, ssm_num_k_heads=16, ssm_num_v_heads=48, ssm_k_head_dim=128,
+                        ssm_v_head_dim=128),
+    "qwen3.5-35b-a3b-32l": dict(arch="qwen35moe", vocab_size=248320, hidden_size=2048, intermediate_size=0,
+                                num_layers=32, num_heads=16, num_kv_heads=2, head_dim=256, rope_theta=1e7, rope_dim=64,
+                                rms_norm_eps=1e-6, max_position_embeddings=262144, num_experts=256,
+                                num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                                linear_layers=tuple(i for i in range(32) if (i + 1) % 4), ssm_conv_kernel=4,
+                                ssm_num_k_heads=16, ssm_num_v_heads=32, ssm_k_head_dim=128, ssm_v_head_dim=128),
     "tiny-llama": dict(arch="llama", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
                        num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=2048),
     "tiny-moe": dict(arch="qwen3moe", vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=2,
@@ -75,8 +88,8 @@ F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0
 def quant_plan(preset: str):
     """name -> ggml type, like llama.cpp's presets (Q4_K_M keeps attn_v and ffn_down in Q6_K)."""
     def pick(name: str, shape: tuple) -> Q:
-        if len(shape) < 2 or "norm" in name or "ffn_gate_inp" in name or name.endswith(".bias"):
-            return Q.F32
+        if len(shape) < 2 or "norm" in name or "ffn_gate_inp" in name or name.endswith(".bias") or "ssm_conv1d" in name:
+            return Q.F32  # (llama.cpp's converter keeps the conv kernel in F32 too)
         return fit_rows(_preset(name), shape)
 
     def _preset(name: str) -> Q:
@@ -164,7 +177,8 @@ def write_synthetic(path: str, shape: str, quant: str, seed: int = 0, layers: in
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for name, shp in shapes.items():
-        w.write_tensor_data(random_tensor(rng, pick(name, shp), shp))
+        t = random_tensor(rng, pick(name, shp), shp)
+        w.write_tensor_data(-t if name.endswith(".ssm_a") else t)  # A = -exp(A_log) < 0: decaying states
     w.close()
     return cfg
 

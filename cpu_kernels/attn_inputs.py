@@ -7,12 +7,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from cpu_kernels.activations import exp_f32
 from cpu_kernels.attention import _kernel_view, _slot_place, _store_head
 from cpu_kernels.norms import _rms_row
 from cpu_kernels.rope import _rotate_head
 
 PAR_MIN_ROWS = 8  # as rope's rotate: fewer rows run on the calling thread
 _NO_NORM = np.empty(0, np.float32)  # an empty weight: no QK-norm
+_F1 = np.float32(1.0)
 
 
 @njit(cache=True, error_model="numpy")
@@ -25,14 +27,15 @@ def _head(src, w, eps32, dst):
 
 
 @njit(cache=True, error_model="numpy")
-def _rows(yq, q0, yk, k0, yv, v0, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache, v_cache, slot_mapping, q, t0, t1):
+def _rows(yq, q0, qs, yk, k0, yv, v0, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache, v_cache, slot_mapping, q, t0,
+          t1):
     Hq, D, Hkv = q.shape[1], q.shape[2], k_cache.shape[2]
     kbuf = np.empty(D, np.float32)
     for t in range(t0, t1):
         cr, sr = cos[t], sin[t]
         for h in range(Hq):
             dst = q[t, h]
-            _head(yq[t, q0 + h * D:q0 + (h + 1) * D], qw, q_eps, dst)
+            _head(yq[t, q0 + h * qs:q0 + h * qs + D], qw, q_eps, dst)
             _rotate_head(dst, cr, sr, neox)
         if slot_mapping[t] < 0:  # padding row
             continue
@@ -44,38 +47,61 @@ def _rows(yq, q0, yk, k0, yv, v0, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache,
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
-def _par(yq, q0, yk, k0, yv, v0, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache, v_cache, slot_mapping, q):
+def _par(yq, q0, qs, yk, k0, yv, v0, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache, v_cache, slot_mapping, q):
     T = q.shape[0]
     nchunks = min(T, 64)
     for c in prange(nchunks):
-        _rows(yq, q0, yk, k0, yv, v0, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache, v_cache, slot_mapping, q,
+        _rows(yq, q0, qs, yk, k0, yv, v0, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache, v_cache, slot_mapping, q,
               c * T // nchunks, (c + 1) * T // nchunks)
 
 
 @njit(cache=True, error_model="numpy")
-def _attn_inputs(yq, q0, yk, k0, yv, v0, Hq, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache, v_cache, slot_mapping):
+def _attn_inputs(yq, q0, qs, yk, k0, yv, v0, Hq, qw, kw, q_eps, k_eps, cos, sin, neox, k_cache, v_cache,
+                 slot_mapping):
     T = yq.shape[0]
     Hkv, D = k_cache.shape[2], k_cache.shape[3]
-    if (yk.shape[0] != T or yv.shape[0] != T or slot_mapping.shape[0] != T or cos.shape[0] != T
-            or q0 + Hq * D > yq.shape[1] or k0 + Hkv * D > yk.shape[1] or v0 + Hkv * D > yv.shape[1]
+    if (yk.shape[0] != T or yv.shape[0] != T or slot_mapping.shape[0] != T or cos.shape[0] != T or qs < D
+            or q0 + (Hq - 1) * qs + D > yq.shape[1] or k0 + Hkv * D > yk.shape[1] or v0 + Hkv * D > yv.shape[1]
             or 2 * cos.shape[1] > D or v_cache.shape != k_cache.shape
             or (qw.shape[0] and qw.shape[0] != D) or (kw.shape[0] and kw.shape[0] != D)):
         raise ValueError("attn_inputs: q/k/v, the rope table, the norm weights or the cache do not match")
     q = np.empty((T, Hq, D), np.float32)
     qe, ke = np.float32(q_eps), np.float32(k_eps)
     if T >= PAR_MIN_ROWS:
-        _par(yq, q0, yk, k0, yv, v0, qw, kw, qe, ke, cos, sin, neox, k_cache, v_cache, slot_mapping, q)
+        _par(yq, q0, qs, yk, k0, yv, v0, qw, kw, qe, ke, cos, sin, neox, k_cache, v_cache, slot_mapping, q)
     else:
-        _rows(yq, q0, yk, k0, yv, v0, qw, kw, qe, ke, cos, sin, neox, k_cache, v_cache, slot_mapping, q, 0, T)
+        _rows(yq, q0, qs, yk, k0, yv, v0, qw, kw, qe, ke, cos, sin, neox, k_cache, v_cache, slot_mapping, q, 0, T)
     return q
 
 
-def attn_inputs(q_cols, k_cols, v_cols, num_heads, q_norm, k_norm, cos, sin, neox, k_cache, v_cache, slot_mapping):
+@njit(cache=True, error_model="numpy")
+def _sigmoid_gate(out, yg, g0, gs):
+    """out (T, Hq, D) *= sigmoid(gate), head h's gate at columns g0 + h * gs .. + D of yg (T, *) (qwen3.5's gated
+    attention: q_proj yields [q_h | gate_h] per head)."""
+    T, Hq, D = out.shape
+    for t in range(T):
+        for h in range(Hq):
+            orow, gr = out[t, h], yg[t, g0 + h * gs:g0 + h * gs + D]
+            for d in range(D):
+                orow[d] *= _F1 / (_F1 + exp_f32(-gr[d]))
+
+
+def sigmoid_gate(out, gate_cols, head_stride):
+    """Multiplies attention output f32 (T, Hq, D) in place by sigmoid of the gate columns (y, first column)."""
+    y, g0 = gate_cols
+    if y.shape[0] != out.shape[0] or g0 + (out.shape[1] - 1) * head_stride + out.shape[2] > y.shape[1]:
+        raise ValueError("sigmoid_gate: the gate columns do not match the attention output")
+    _sigmoid_gate(out, y, g0, head_stride)
+
+
+def attn_inputs(q_cols, k_cols, v_cols, num_heads, q_norm, k_norm, cos, sin, neox, k_cache, v_cache, slot_mapping,
+                q_stride=0):
     """q ready for paged_attention; k and v stored at slot_mapping.
 
     Args:
         q_cols, k_cols, v_cols: (y, first column): the projection's output f32 (T, *) C-contiguous and where
-            the part starts in it (one stacked q|k|v output serves all three). num_heads: Hq.
+            the part starts in it (one stacked q|k|v output serves all three). num_heads: Hq. q_stride: columns
+            from one q head to the next (0: D; 2 D where q_proj yields [q_h | gate_h] per head).
         q_norm, k_norm: (weight f32 (D,), eps), or None for no QK-norm.
         cos, sin: rope_cos_sin's table (T, R/2). neox: as rope.rotate.
         k_cache, v_cache: (num_blocks, block_size, Hkv, D) float16 or float32, written in place.
@@ -87,6 +113,7 @@ def attn_inputs(q_cols, k_cols, v_cols, num_heads, q_norm, k_norm, cos, sin, neo
     """
     qw, qe = q_norm if q_norm is not None else (_NO_NORM, 0.0)
     kw, ke = k_norm if k_norm is not None else (_NO_NORM, 0.0)
-    return _attn_inputs(q_cols[0], q_cols[1], k_cols[0], k_cols[1], v_cols[0], v_cols[1], num_heads, qw, kw,
-                        float(qe), float(ke), cos, sin, bool(neox), _kernel_view(k_cache), _kernel_view(v_cache),
-                        slot_mapping)
+    D = k_cache.shape[3]
+    return _attn_inputs(q_cols[0], q_cols[1], int(q_stride or D), k_cols[0], k_cols[1], v_cols[0], v_cols[1],
+                        num_heads, qw, kw, float(qe), float(ke), cos, sin, bool(neox), _kernel_view(k_cache),
+                        _kernel_view(v_cache), slot_mapping)

@@ -17,7 +17,8 @@ from numba.extending import overload
 from cpu_kernels import norms
 from cpu_kernels.activations import _gelu_tanh_mul, _silu_mul, _swiglu_oai
 from cpu_kernels.attention import _paged_attention, _paged_attention_serial
-from cpu_kernels.attn_inputs import _attn_inputs
+from cpu_kernels.attn_inputs import _attn_inputs, _sigmoid_gate
+from cpu_kernels.delta_net import _gdn_core
 from cpu_kernels.mla import _write_latents, head_columns, rope_queries
 from cpu_kernels.moe import add_shared, expert_rows, moe_accumulate
 from cpu_kernels.norms import residual_rms_norm, rms_norm
@@ -27,10 +28,11 @@ from cpu_kernels.thread_count import get_threads, set_threads
 ACT_SILU, ACT_GELU_TANH, ACT_SWIGLU_OAI = 0, 1, 2
 
 # gemvs: packed weights (quant.packed) of (q's group, k's group, v's group, o); dims, nbytes: their output widths
-# and bytes; biases: f32 per group output and o ((0,) = none); layout: (k_src, v_src, q0, k0, v0, num_heads, neox)
-# with k_src 1 = k's columns are in q's group's output, v_src 1 = in q's, 2 = in k's, 0 = v's own, and q0/k0/v0 the
-# parts' first columns; qk_w: QK-norm weights ((0,) = none); f: (q_eps, k_eps, scale, softcap); window: 0 = full;
-# sinks: f32 (Hq,) attention-sink logits ((0,) = none).
+# and bytes; biases: f32 per group output and o ((0,) = none); layout: (k_src, v_src, q0, k0, v0, num_heads, neox,
+# q_stride, gate) with k_src 1 = k's columns are in q's group's output, v_src 1 = in q's, 2 = in k's, 0 = v's own,
+# q0/k0/v0 the parts' first columns, q_stride the columns from one q head to the next and gate 1 = the output is
+# multiplied by sigmoid of each head's gate columns (after its q columns); qk_w: QK-norm weights ((0,) = none);
+# f: (q_eps, k_eps, scale, softcap); window: 0 = full; sinks: f32 (Hq,) attention-sink logits ((0,) = none).
 FusedAttention = namedtuple("FusedAttention", ("gemvs", "dims", "nbytes", "biases", "layout", "qk_w", "f", "window",
                                                "sinks"))
 # gemvs: (gate's group, up's group, down); layout: (up_src, gate0, up0, F, act): up_src 1 = up's columns are in
@@ -48,7 +50,12 @@ FusedMoE = namedtuple("FusedMoE", ("router", "experts", "biases", "dims", "nbyte
 # head_dim, q_lora_rank (0: no q_a), value_dim) with kv_src 1 = kv_a's columns are in the first group's output and
 # q0/kv0 the parts' first columns; f: (q_a eps, kv_a eps, scale).
 FusedMLA = namedtuple("FusedMLA", ("gemvs", "heads", "dims", "nbytes", "norms", "layout", "f"))
-for _cls in (FusedAttention, FusedGatedMLP, FusedMoE, FusedMLA):
+# gemvs: packed weights of (q|k|v's group, z's group, b's group, a's group, out); dims, nbytes: their output widths
+# and bytes; layout: (z_src, b_src, a_src, qkv0, z0, b0, a0, Hk, dk, dv, chunk_min): x_src = the index (0-3) of the
+# first of those four parts sharing x's group (x's own index: its own GEMV), x0 its first column there; weights:
+# (conv weight f32 (K, C), A (Hv,), dt bias (Hv,), gated-norm weight (dv,)); f: (norm eps,).
+FusedDeltaNet = namedtuple("FusedDeltaNet", ("gemvs", "dims", "nbytes", "layout", "weights", "f"))
+for _cls in (FusedAttention, FusedGatedMLP, FusedMoE, FusedMLA, FusedDeltaNet):
     _cls.__module__ = __name__  # Numba's cache pickles the types by reference
 
 
@@ -113,11 +120,11 @@ def _attend(q, ctx, scale, window, softcap, k_cache, v_cache, sinks):
 @njit(cache=True)
 def _attention_step(a, h, ctx):
     """parts/attention.py's Attention: q/k/v, QK-norm + RoPE + cache write, paged attention, o."""
-    cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens, block_tables, max_seq_len, bar, nt = ctx
+    cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens, block_tables, max_seq_len, bar, nt = ctx[:11]
     pq, pk, pv, po = a.gemvs
     nq, nk, nv, no_ = a.dims
     bq, bk, bv, bo = a.nbytes
-    k_src, v_src, q0, k0, v0, hq, neox = a.layout
+    k_src, v_src, q0, k0, v0, hq, neox, qs, gate = a.layout
     T = h.shape[0]
     yq = _gemv_bias(pq, nq, bq, a.biases[0], h, bar, nt)
     yk = yq if k_src == 1 else _gemv_bias(pk, nk, bk, a.biases[1], h, bar, nt)
@@ -128,9 +135,11 @@ def _attention_step(a, h, ctx):
     else:
         yv = _gemv_bias(pv, nv, bv, a.biases[2], h, bar, nt)
     set_threads(_small(yq.nbytes, bar, nt))
-    q = _attn_inputs(yq, q0, yk, k0, yv, v0, hq, a.qk_w[0], a.qk_w[1], a.f[0], a.f[1], cos, sin, neox != 0,
+    q = _attn_inputs(yq, q0, qs, yk, k0, yv, v0, hq, a.qk_w[0], a.qk_w[1], a.f[0], a.f[1], cos, sin, neox != 0,
                      k_cache, v_cache, slot_mapping)
     out = _attend(q, ctx, a.f[2], a.window, a.f[3], k_cache, v_cache, a.sinks)
+    if gate:
+        _sigmoid_gate(out, yq, q0 + q.shape[2], qs)
     return _gemv_bias(po, no_, bo, a.biases[3], out.reshape(T, hq * q.shape[2]), bar, nt)
 
 
@@ -169,6 +178,40 @@ def _mla_step(a, h, ctx):
     for hh in range(H):
         o_in[:, hh * vd:(hh + 1) * vd] = _gemv(packed_slice(vb3, hh), vd, bvb, lat[hh], bar, nt)
     return _gemv(po, no_, bo, o_in, bar, nt)
+
+
+@njit(cache=True)
+def _delta_net_step(d, h, ctx):
+    """parts/delta_net.py's GatedDeltaNet: qkv/z/b/a (stacked or not), the conv + delta rule + gated norm (the
+    layer's state pools travel as the cache pair), out."""
+    conv_pool, ssm_pool, query_start_loc, bar, nt = ctx[2], ctx[3], ctx[5], ctx[9], ctx[10]
+    positions, slots, snap_rows, snap_slots = ctx[11], ctx[12], ctx[13], ctx[14]
+    p0, p1, p2, p3, po = d.gemvs
+    n0, n1, n2, n3, no_ = d.dims
+    b0, b1, b2, b3, bo = d.nbytes
+    sz, sb, sa, c0, c1, c2, c3, hk, dk, dv, chunk_min = d.layout
+    conv_w, a_neg, dt_bias, norm_w = d.weights
+    y0 = _gemv(p0, n0, b0, h, bar, nt)
+    y1 = y0 if sz == 0 else _gemv(p1, n1, b1, h, bar, nt)
+    if sb == 0:
+        y2 = y0
+    elif sb == 1:
+        y2 = y1
+    else:
+        y2 = _gemv(p2, n2, b2, h, bar, nt)
+    if sa == 0:
+        y3 = y0
+    elif sa == 1:
+        y3 = y1
+    elif sa == 2:
+        y3 = y2
+    else:
+        y3 = _gemv(p3, n3, b3, h, bar, nt)
+    par = nt > 1 and h.shape[0] * ssm_pool.shape[1] * dk * dv >= bar
+    set_threads(nt if par else 1)
+    o = _gdn_core(y0, c0, y1, c1, y2, c2, y3, c3, conv_w, a_neg, dt_bias, norm_w, d.f[0], conv_pool, ssm_pool,
+                  query_start_loc, positions, slots, snap_rows, snap_slots, hk, dk, dv, chunk_min, par)
+    return _gemv(po, no_, bo, o, bar, nt)
 
 
 @njit(cache=True)
@@ -272,6 +315,8 @@ def _part_step(part, h, ctx):
         return lambda part, h, ctx: _moe_step(part, h, ctx)
     if cls is FusedMLA:
         return lambda part, h, ctx: _mla_step(part, h, ctx)
+    if cls is FusedDeltaNet:
+        return lambda part, h, ctx: _delta_net_step(part, h, ctx)
     return None
 
 
@@ -284,16 +329,19 @@ def _add_norm(x, y, post_w, next_w, post_eps, next_eps, bar, nt):
 
 @njit(cache=True)
 def block_step(x, first_norm, steps, cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens,
-               block_tables, max_seq_len, bar):
+               block_tables, max_seq_len, bar, positions, state_slots, snap_rows, snap_slots):
     """One block over x f32 (T, H) C-contiguous; returns the new x. K/V of the step are written to the cache.
 
     first_norm: (weight f32 (H,), eps) of the first step's pre-norm ((0,) weight: none). steps: per residual step
     (part args, post-norm weight, post eps, next step's pre-norm weight, its eps), weights (0,) where absent.
     cos/sin: the attention's RoPE table of the step; the rest as paged_attention and attn_inputs take them; bar is
-    threads.serial_work() of the step. The caller restores its thread count if this raises.
+    threads.serial_work() of the step. A linear-attention block gets its state pools as k_cache, v_cache, and reads
+    positions, state_slots, snap_rows, snap_slots (delta_net.gdn_core). The caller restores its thread count if this
+    raises.
     """
     nt = get_threads()
-    ctx = (cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens, block_tables, max_seq_len, bar, nt)
+    ctx = (cos, sin, k_cache, v_cache, slot_mapping, query_start_loc, seq_lens, block_tables, max_seq_len, bar, nt,
+           positions, state_slots, snap_rows, snap_slots)
     _norm_threads(x, bar, nt)
     h = rms_norm(x, first_norm[0], first_norm[1]) if first_norm[0].shape[0] else x.copy()
     for st in literal_unroll(steps):

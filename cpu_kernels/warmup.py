@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from cpu_kernels import activations, attention, mla, moe, norms, rope
-from cpu_kernels.attn_inputs import attn_inputs
+from cpu_kernels.attn_inputs import attn_inputs, sigmoid_gate
+from cpu_kernels.delta_net import gdn_core
 from cpu_kernels.rope import RopeScaling
 
 
@@ -64,6 +65,7 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
             cos, sin = rope.rope_cos_sin(np.arange(t, dtype=np.int64), inv_freq, mscale)
             attn_inputs((y, 0), (y, hq * d), (y, (hq + hkv) * d), hq, (w, 1e-6), (w, 1e-6), cos, sin, True,
                         k_cache, v_cache, np.arange(t, dtype=np.int64) % (3 * bs))
+            sigmoid_gate(np.ones((t, 2, d), f32), (y, d), 2 * d)  # qwen3.5's gated attention
         latent = np.zeros((3, bs, 1, 2 * d), dtype)  # MLA: [latent (d) | rope key (d)], K read as V
         for t in (1, 20):
             y = np.ones((t, 2 * hq * d + 2 * d), f32)
@@ -78,6 +80,24 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
             for scale, window, cap in ((0.5, 0, 0.0), (0.5, 2, 30.0)):  # both variants, whatever the thread count
                 attention._paged_attention(q, *kv, scale, window, cap, 2, attention._NO_BF16, attention.NO_SINKS)
                 attention._paged_attention_serial(q, *kv, scale, window, cap, attention._NO_BF16, attention.NO_SINKS)
+    warm_delta_net()
+
+
+def warm_delta_net() -> None:
+    """gdn_core (qwen3.5's linear attention) on its serial and parallel paths, token by token and chunked, with a
+    snapshot; argument types as parts/delta_net.py passes them."""
+    f32, i32 = np.float32, np.int32
+    hk, hv, dk, dv, k = 1, 2, 4, 4, 4
+    c = 2 * hk * dk + hv * dv
+    w, vec, norm_w = np.ones((k, c), f32), -np.ones(hv, f32), np.ones(dv, f32)
+    conv_pool, ssm_pool = np.zeros((3, k - 1, c), f32), np.zeros((3, hv, dk, dv), f32)
+    for t, chunk_min in ((1, 64), (70, 64), (3, 0)):
+        y = np.ones((t, c + hv * dv + 2 * hv), f32)
+        qsl, pos = np.array([0, t], i32), np.arange(t, dtype=np.int64)
+        for par in (False, True):
+            gdn_core((y, 0), (y, c), (y, c + hv * dv), (y, c + hv * dv + hv), w, vec, vec.copy(), norm_w, 1e-6,
+                     conv_pool, ssm_pool, qsl, pos, np.array([1], i32), np.array([t], i32), np.array([2], i32),
+                     hk, dk, dv, chunk_min, par)
 
 
 def main(argv=None) -> None:

@@ -35,6 +35,9 @@ class EngineArgs:
         "GiB of RAM for the KV cache (default: a safe fraction of available RAM)"))
     num_gpu_blocks_override: Optional[int] = field(default=None, metadata=_meta(
         "exact number of KV blocks (tests, tuning)"))
+    num_state_slots: Optional[int] = field(default=None, metadata=_meta(
+        "models with linear-attention layers (qwen3.5): state slots (live states of running requests and prefix-"
+        "cache checkpoints, slot 0 scratch); default: up to 2 x max_num_seqs + 1 within half the cache budget"))
     max_num_batched_tokens: int = field(default=2048, metadata=_meta("token budget per engine step"))
     max_num_seqs: int = field(default=128, metadata=_meta("most sequences running at once"))
     enable_prefix_caching: bool = field(default=True, metadata=_meta("reuse KV blocks of shared prefixes"))

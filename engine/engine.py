@@ -13,6 +13,7 @@ import numpy as np
 from engine import request_checks
 from engine.args import EngineArgs
 from engine.tokenization.detokenizer import IncrementalDetokenizer, fill_decoded_tokens
+from engine.core.hybrid_cache import HybridKVCacheManager
 from engine.core.kv_cache import KVCacheManager
 from engine.errors import RequestsFailed
 from engine.model import fused_compile
@@ -49,9 +50,17 @@ class LLMEngine:
         bind_runner(self.runner, self.model)  # layers placed on a GPU keep their KV there
         # --num-cpu-blocks: the plan's RAM tier (None without device KV); preemption swaps into it.
         self.kv_tier = getattr(self.model, "kv_tier", None)
-        self.kv_manager = KVCacheManager(self.runner.group_num_blocks, args.block_size, args.enable_prefix_caching,
-                                         num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0,
-                                         windows=self.runner.windows)
+        if self.runner.num_state_slots:  # linear-attention layers: a state per request beside the KV blocks
+            if len(self.runner.groups) > 1:
+                raise ValueError("models with both linear-attention and sliding-window layers are not supported "
+                                 "(the state cache keeps one block table per request)")
+            self.kv_manager = HybridKVCacheManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching,
+                                                   num_state_slots=self.runner.num_state_slots)
+        else:
+            self.kv_manager = KVCacheManager(self.runner.group_num_blocks, args.block_size,
+                                             args.enable_prefix_caching,
+                                             num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0,
+                                             windows=self.runner.windows)
         self.scheduler = Scheduler(self.kv_manager, max_num_batched_tokens=args.max_num_batched_tokens,
                                    max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,
                                    enable_chunked_prefill=args.enable_chunked_prefill)
@@ -214,6 +223,8 @@ class LLMEngine:
         self._fan_out()
         so = self.scheduler.schedule()
         self._swap(so)  # before the early return: freed device blocks may be reused next step
+        if so.state_copies:  # prefix-cache hits: each checkpoint into its request's state slot
+            self.runner.copy_states(so.state_copies)
         if so.is_empty:
             return []
         now = time.time()
@@ -225,7 +236,9 @@ class LLMEngine:
                 parent.first_scheduled_time = parent.first_scheduled_time or now
                 prompt_lp = child.prompt_logprobs is not None and s.start_pos < child.request.num_prompt_tokens - 1
                 chunks.append(SeqChunk(s.token_ids, s.start_pos, s.block_ids,
-                                       "all" if prompt_lp else ("last" if s.sample else "none"), s.group_block_ids))
+                                       "all" if prompt_lp else ("last" if s.sample else "none"),
+                                       state_slot=max(s.state_slot, 0), snapshot=s.state_snapshot,
+                                       group_block_ids=s.group_block_ids))
             except Exception as e:
                 self._fail(s.req_id, e, failures)
                 continue

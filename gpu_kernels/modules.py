@@ -214,6 +214,7 @@ class DeviceAttention:
         self.num_heads, self.num_kv_heads, self.head_dim = src.num_heads, src.num_kv_heads, src.head_dim
         self.scale, self.sliding_window, self.softcap = src.scale, src.sliding_window, src.softcap
         self.neox, self.mscale = src.neox, src.mscale
+        self.output_gate = getattr(src, "output_gate", False)  # q_proj yields [q_h | gate_h] per head
         self.inv_freq = vector(src.inv_freq, ctx.device)
         self.rope_key = (np.asarray(src.inv_freq, np.float32).tobytes(), float(src.mscale))
         self.kv_cache = kv_cache
@@ -223,7 +224,12 @@ class DeviceAttention:
 
     def __call__(self, x: torch.Tensor, batch: DeviceBatch, kv) -> torch.Tensor:
         t, hq, hkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        q = self.q(x).view(t, hq, d)
+        gate = None
+        if self.output_gate:
+            qg = self.q(x).view(t, hq, 2 * d)
+            q, gate = qg[..., :d], qg[..., d:].reshape(t, hq * d)
+        else:
+            q = self.q(x).view(t, hq, d)
         k = self.k(x).view(t, hkv, d)
         v = self.v(x).view(t, hkv, d)
         if self.q_norm is not None:
@@ -236,7 +242,7 @@ class DeviceAttention:
         elif self.kv_cache is not None:
             k_cache, v_cache = self.kv_cache
         elif self.kv_on_host:
-            return self.o(self.ctx.to_device(self._host_attention(q, k, v, batch.meta, kv)))
+            return self.o(self._gated(self.ctx.to_device(self._host_attention(q, k, v, batch.meta, kv)), gate))
         else:
             raise RuntimeError("DeviceAttention: no KV cache on the device and the layer is not --kv-offload")
         if batch.rows is not None:
@@ -247,7 +253,11 @@ class DeviceAttention:
                                       lambda: self._torch(q, k_cache, v_cache, batch))
         else:
             out = self._torch(q, k_cache, v_cache, batch)
-        return self.o(out.reshape(t, hq * d))
+        return self.o(self._gated(out.reshape(t, hq * d), gate))
+
+    @staticmethod
+    def _gated(out: torch.Tensor, gate) -> torch.Tensor:
+        return out if gate is None else out * (1.0 / (1.0 + torch.exp(-gate)))
 
     def _torch(self, q, k_cache, v_cache, batch: DeviceBatch) -> torch.Tensor:
         groups = batch.attention_groups(self.num_heads, self.num_kv_heads, self.head_dim, k_cache.shape[1])

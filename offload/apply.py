@@ -15,9 +15,10 @@ GPU could read host RAM coherently; that is what --cpu-offload-gb's streamed lay
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Sequence
 
-from engine.core.kv_spec import cache_groups, group_counts, kv_storage_dtype, layer_groups, split_pool
+from engine.core.kv_spec import cache_groups, group_counts, is_paged, kv_storage_dtype, layer_groups, split_pool
 from offload.plan_types import PlacementPlan, PlanOptions
 
 logger = logging.getLogger("ramlm.offload")
@@ -90,7 +91,7 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int | Sequence[int], b
     conv = Converter(model, ctx, default_fmt=wd if wd in DTYPES else "packed")
     originals = (list(model.blocks), model.lm_head) if keep_originals else None
     kv_dtype = getattr(torch, kv_storage_dtype(kv_cache_dtype))
-    layout = model.kv_layout  # each layer's cache (V is K for MLA: one tensor)
+    layout = model.kv_layout  # each layer's cache (V is K for MLA: one tensor; state pools for linear attention)
     groups = layer_groups(layout)
     counts = (num_blocks,) * (max(groups) + 1) if isinstance(num_blocks, int) else tuple(num_blocks)
     patches, runner_kv, device_kv = [], {}, {}
@@ -103,9 +104,13 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int | Sequence[int], b
                 continue
             kv = None
             if lp.kv_device != "cpu":
-                shape = layout[i].block_shape(counts[groups[i]], block_size)
-                k = torch.zeros(shape, dtype=kv_dtype, device=ctx.device)
-                kv = (k, k if layout[i].v_is_k else torch.zeros(shape, dtype=kv_dtype, device=ctx.device))
+                if is_paged(layout[i]):
+                    shape = layout[i].block_shape(counts[groups[i]], block_size)
+                    k = torch.zeros(shape, dtype=kv_dtype, device=ctx.device)
+                    kv = (k, k if layout[i].v_is_k else torch.zeros(shape, dtype=kv_dtype, device=ctx.device))
+                else:  # a linear-attention layer: its float32 state pools, one slot per state slot id
+                    kv = tuple(torch.zeros(shape, dtype=torch.float32, device=ctx.device)
+                               for shape in layout[i].pool_shapes(model.num_state_slots))
                 device_kv[i] = kv
                 if runner is not None:
                     runner_kv[i] = runner.kv_caches[i]
@@ -124,7 +129,7 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int | Sequence[int], b
     if plan.kv.num_cpu_blocks and device_kv:
         from offload.kv_tiers import HostKVTier
         # A swapped block id is reused in every layer: with a runner, its RAM layers' KV moves too.
-        tier = HostKVTier(plan.kv.num_cpu_blocks, dict(enumerate(runner.kv_caches)) if runner else device_kv)
+        tier = HostKVTier(plan.kv.num_cpu_blocks, paged_caches(layout, runner.kv_caches if runner else device_kv))
     model.kv_tier = tier
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
@@ -134,8 +139,8 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int | Sequence[int], b
 def bind_runner(runner, model) -> int:
     """Points runner.kv_caches[i] at the device KV of each device block (the engine builds its runner after
     the load hook has applied the plan; the blocks work either way, this makes runner.kv_caches tell the
-    truth and frees the untouched numpy pairs), and the RAM tier (model.kv_tier) at every layer's KV, since
-    a swapped block id is reused in all of them. Returns how many layers were rebound."""
+    truth and frees the untouched numpy pairs), and the RAM tier (model.kv_tier) at every paged layer's KV,
+    since a swapped block id is reused in all of them. Returns how many layers were rebound."""
     n = 0
     for i, b in enumerate(model.blocks):
         kv = next((p.kv_cache for p in getattr(b, "parts", ()) if getattr(p, "kv_cache", None) is not None), None)
@@ -144,8 +149,15 @@ def bind_runner(runner, model) -> int:
             n += 1
     tier = getattr(model, "kv_tier", None)
     if tier is not None:
-        tier.bind(dict(enumerate(runner.kv_caches)))
+        tier.bind(paged_caches(model.kv_layout, runner.kv_caches))
     return n
+
+
+def paged_caches(layout, caches) -> dict:
+    """{layer: (K, V)} of the paged layers among caches (a list per layer, or a dict by layer): what the RAM tier
+    swaps. A linear-attention layer's state pools are not blocks; its states are recomputed on preemption."""
+    items = caches.items() if isinstance(caches, dict) else enumerate(caches)
+    return {i: kv for i, kv in items if is_paged(layout[i])}
 
 
 def _output_layer_plan(plan: PlacementPlan):
@@ -175,7 +187,8 @@ def apply_placement(args, model, max_model_len: int, num_blocks: int) -> tuple[i
     """The load hook: plan from EngineArgs and apply. Returns the KV blocks to allocate per cache group (the plan
     may shrink the pool to what fits beside the weights on the GPU; group_blocks splits it). No GPU asked for:
     returns at once, no torch."""
-    opts = placement_options(args, max_model_len, num_blocks)
+    opts = replace(placement_options(args, max_model_len, num_blocks),
+                   num_state_slots=getattr(model, "num_state_slots", 0) or None)
     if not opts.wants_gpu():
         return group_blocks(args, model, max_model_len, num_blocks)
     from offload.devices import load_devices, normalize_device, probe_devices

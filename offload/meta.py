@@ -4,7 +4,6 @@ plans for 8B or 30B models can be tested without multi-GB files.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from dataclasses import asdict, dataclass
@@ -12,7 +11,7 @@ from dataclasses import asdict, dataclass
 import gguf
 import numpy as np
 
-from engine.core.kv_spec import LayerKV
+from engine.core.kv_spec import LayerCache, LayerKV, is_paged
 
 Q = gguf.GGMLQuantizationType
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -61,8 +60,25 @@ class ModelMeta:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     tensors: tuple[TensorMeta, ...] = ()
-    kv_layer: LayerKV | None = None  # a layer's paged cache (the largest one's); None: K and V of the kv heads
-    kv_windows: tuple[int, ...] = ()  # each layer's sliding window (0: full attention); (): every layer full
+    # each layer's cache (Architecture.kv_layout: core/kv_spec.LayerKV, or LayerState for a linear-attention layer);
+    # (): K and V of the kv heads in every layer
+    kv_layout: tuple[LayerCache, ...] = ()
+
+    def layer_cache(self, layer: int) -> LayerCache:
+        return self.kv_layout[layer] if self.kv_layout else LayerKV(self.num_kv_heads, self.head_dim)
+
+    def has_kv(self, layer: int) -> bool:
+        """The layer keeps paged blocks (not a per-sequence state)."""
+        return is_paged(self.layer_cache(layer))
+
+    def state_bytes_of(self, layer: int) -> int:
+        """One sequence's state in this layer (0 for a paged layer)."""
+        return self.layer_cache(layer).bytes_per_sequence
+
+    @property
+    def has_states(self) -> bool:
+        """Some layers keep a per-sequence state (a hybrid model: the planner counts state pools)."""
+        return any(self.state_bytes_of(i) for i in range(self.num_layers))
 
     def layer_tensors(self, layer: int) -> list[TensorMeta]:
         return [t for t in self.tensors if t.layer == layer]
@@ -80,7 +96,10 @@ class ModelMeta:
 
     @property
     def kv(self) -> LayerKV:
-        return self.kv_layer or LayerKV(self.num_kv_heads, self.head_dim)
+        """The paged layers' cache as the planner counts it, every one alike: the largest paged layer's."""
+        paged = [self.layer_cache(i) for i in range(self.num_layers) if self.has_kv(i)]
+        return max(paged, key=lambda k: k.bytes_per_block(1, "fp16"), default=LayerKV(self.num_kv_heads,
+                                                                                       self.head_dim))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -101,16 +120,13 @@ def model_meta(ws) -> ModelMeta:
     return ModelMeta(name, cfg.arch, cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size,
                      cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.max_position_embeddings, tied,
                      cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, tuple(tensors),
-                     *_kv_layout(cfg))
+                     _kv_layout(cfg))
 
 
-def _kv_layout(cfg) -> tuple[LayerKV, tuple[int, ...]]:
-    """The planner counts every layer's cache per block alike (the largest layer's, the architecture's BlockSpecs
-    say) and each layer's window: a sliding layer holds only what its requests' windows need."""
+def _kv_layout(cfg) -> tuple[LayerCache, ...]:
+    """Each layer's cache, as the architecture's BlockSpecs declare it."""
     from engine.model.registry import architecture
-    layout = architecture(cfg.arch).kv_layout(cfg)
-    largest = max(layout, key=lambda k: k.bytes_per_block(1, "fp16"))
-    return dataclasses.replace(largest, window=0), tuple(layer.window for layer in layout)
+    return architecture(cfg.arch).kv_layout(cfg)
 
 
 def model_meta_from_path(path: str) -> ModelMeta:
@@ -144,6 +160,17 @@ SHAPES: dict[str, dict] = {
     "gemma-3-270m": dict(arch="gemma3", num_layers=18, hidden_size=640, intermediate_size=2048, num_heads=4,
                          num_kv_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
                          tie_word_embeddings=True, layer_sliding_window=tuple(0 if i % 6 == 5 else 512 for i in range(18))),
+    # Qwen3.5/3.6: three Gated DeltaNet layers (a state per sequence, no KV) for every gated-attention layer
+    "qwen3.5-27b": dict(arch="qwen35", num_layers=64, hidden_size=5120, intermediate_size=17408, num_heads=24,
+                        num_kv_heads=4, head_dim=256, vocab_size=248320, max_position_embeddings=262144,
+                        rope_dim=64, linear_layers=tuple(i for i in range(64) if (i + 1) % 4), ssm_conv_kernel=4,
+                        ssm_num_k_heads=16, ssm_num_v_heads=48, ssm_k_head_dim=128, ssm_v_head_dim=128),
+    "qwen3.5-35b-a3b": dict(arch="qwen35moe", num_layers=40, hidden_size=2048, intermediate_size=0, num_heads=16,
+                            num_kv_heads=2, head_dim=256, vocab_size=248320, max_position_embeddings=262144,
+                            num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+                            shared_expert_intermediate_size=512, rope_dim=64,
+                            linear_layers=tuple(i for i in range(40) if (i + 1) % 4), ssm_conv_kernel=4,
+                            ssm_num_k_heads=16, ssm_num_v_heads=32, ssm_k_head_dim=128, ssm_v_head_dim=128),
 }
 QUANTS = ("q4_k_m", "q4_0", "q8_0", "q6_k", "f16", "bf16", "f32", "mxfp4")
 
@@ -216,14 +243,15 @@ def synthetic_meta(shape: str | dict, quant: str = "q4_k_m", name: str | None = 
     tensors = []
     for n, shp in shapes:
         layer = int(_LAYER.match(n).group(1)) if _LAYER.match(n) else None
-        small = len(shp) == 1 or "ffn_gate_inp" in n or n.endswith(".bias")  # experts' biases are (E, N)
+        small = (len(shp) == 1 or "ffn_gate_inp" in n or n.endswith(".bias")  # experts' biases are (E, N)
+                 or "ssm_conv1d" in n)  # F32 in llama.cpp's files too
         t = Q.F32 if small else fit_rows(_qtype(quant, n, layer, L, tied), shp)
         tensors.append(TensorMeta(n, t.name, shp, _nbytes(t, shp)))
     label = name or (shape if isinstance(shape, str) else s.get("name", "synthetic")) + f"-{quant}"
     return ModelMeta(label, s["arch"], L, H, s["intermediate_size"], V, s["num_heads"], s["num_kv_heads"],
                      s["head_dim"], s["max_position_embeddings"], tied, s.get("num_experts", 0),
                      s.get("num_experts_per_tok", 0), s.get("moe_intermediate_size", 0), tuple(tensors),
-                     *_kv_layout(shape_config(s)))
+                     _kv_layout(shape_config(s)))
 
 
 def _nbytes(t: Q, shape: tuple[int, ...]) -> int:

@@ -38,6 +38,7 @@ class PlanOptions:
     max_num_batched_tokens: int = 2048
     num_gpu_blocks_override: int | None = None
     kv_pool_blocks: int | None = None   # the engine's KV pool sized for RAM (the load hook passes it)
+    num_state_slots: int | None = None  # hybrid models: the engine's state slots (None: max_num_seqs + 1)
     kv_cache_memory: float | None = None
 
     @classmethod

@@ -269,7 +269,7 @@ class _Planner(SizeModel):
             raise ValueError(f"n_gpu_layers {self.o.n_gpu_layers}: weights and work buffers need {gib(need.total)} "
                              f"on {g}, over its budget of {gib(self.budget)}; try --n-gpu-layers auto, "
                              "--gpu-weight-dtype packed, --cpu-offload-gb or --override-tensor exps=CPU")
-        kv_layers = self.gpu_kv_layers(choices)
+        kv_layers = self.gpu_kv_layers(choices)  # (need counted the GPU's state pools already)
         if not kv_layers:
             return blocks, why
         if self.kv_bytes(blocks, kv_layers) <= self.budget - need.total:
@@ -302,7 +302,9 @@ class _Planner(SizeModel):
         finally:
             self.ignore_rules = False
         if o.kv_offload:
-            everything = replace(everything, kv=self.kv_bytes(blocks, range(self.L)))
+            kv_layers = [i for i in range(self.L) if self.kv_flags[i]]
+            everything = replace(everything, kv=self.kv_bytes(blocks, kv_layers)
+                                 + self.state_slots * sum(self.m.state_bytes_of(i) for i in range(self.L)))
         if everything.total <= self.budget:
             self.warnings.append(
                 f"offload is pointless here: the whole model and its KV ({gib(everything.total)}) fit in "
@@ -341,7 +343,8 @@ class _Planner(SizeModel):
         gpu_w += out_dev
         kv_by = {}
         for lp in layers:
-            kv_by[lp.kv_device] = kv_by.get(lp.kv_device, 0) + 1
+            if self.kv_flags[lp.index]:  # (linear-attention layers hold states, not blocks)
+                kv_by[lp.kv_device] = kv_by.get(lp.kv_device, 0) + 1
         gpu_kv_layers = sum(n for d, n in kv_by.items() if d != "cpu")
         tier = int(o.num_cpu_blocks or 0)
         if tier and not gpu_kv_layers:
@@ -353,14 +356,15 @@ class _Planner(SizeModel):
         usage = []
         T = o.max_num_batched_tokens
         cpu_work = T * (4 * m.hidden_size + 3 * max(m.intermediate_size, m.moe_intermediate_size)) * 4
-        ram_kv = self.kv_bytes(blocks, [lp.index for lp in layers if lp.kv_device == "cpu"])
+        ram_kv = self.kv_bytes(blocks, [lp.index for lp in layers if lp.kv_device == "cpu" and self.kv_flags[lp.index]])
         ram_use = DeviceUsage("cpu", self.ram.free_bytes, ram_w,
                               # the tier holds a swapped block's KV in every layer (one block id space)
-                              ram_kv + tier * per * len(layers), cpu_work)
+                              ram_kv + tier * per * self.n_kv_layers + self.state_bytes(choices, False), cpu_work)
         usage.append(ram_use)
         if g is not None and (gpu_w or gpu_kv_layers or out_gpu):
-            dev_use = DeviceUsage(gname, self.budget, gpu_w,
-                                  self.kv_bytes(blocks, [lp.index for lp in layers if lp.kv_device != "cpu"]),
+            dev_kv = self.kv_bytes(blocks, [lp.index for lp in layers
+                                            if lp.kv_device != "cpu" and self.kv_flags[lp.index]])
+            dev_use = DeviceUsage(gname, self.budget, gpu_w, dev_kv + self.state_bytes(choices, True),
                                   self.work_bytes(choices, out_gpu), self.margin())
             usage.append(dev_use)
             if g.shared_with_host and ram_use.total + dev_use.total > self.ram.free_bytes:
@@ -376,8 +380,15 @@ class _Planner(SizeModel):
                             + ", ".join(f"{n} layer(s) in {'RAM' if d == 'cpu' else d}" for d, n in kv_by.items())
                             + (" (--kv-offload: attention of GPU layers runs on the CPU over it)" if o.kv_offload
                                and gpu_kv_layers == 0 and len(kv_by) else "")
-                            + (f"; a RAM tier of {tier} blocks ({gib(tier * per * len(layers))}) behind the GPU"
+                            + (f"; a RAM tier of {tier} blocks ({gib(tier * per * self.n_kv_layers)}) behind the GPU"
                                " blocks" if tier else ""))
+        if self.state_slots:
+            linear = [i for i in range(self.L) if self.m.state_bytes_of(i)]
+            self.reasons.append(f"states: {self.state_slots} slots (live states of running requests and prefix-cache "
+                                f"checkpoints) of {gib(sum(self.m.state_bytes_of(i) for i in linear))} over the "
+                                f"{len(linear)} linear-attention layers, with their layers: "
+                                f"{gib(self.state_bytes(choices, False))} in RAM"
+                                + (f", {gib(self.state_bytes(choices, True))} on {gname}" if gname else ""))
         self.reasons.append("embedding in RAM: a lookup reads one row per token, nothing to gain on a GPU")
         if g is not None and self.o.wants_gpu():
             self.reasons.append(f"output matrix {'on ' + gname if out_gpu else 'in RAM'}"

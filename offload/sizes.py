@@ -84,6 +84,11 @@ class SizeModel:
         self.gpu: DeviceInfo | None = None
         self.units = [self._layer_units(i) for i in range(self.L)]
         self.block_layer_bytes = meta.kv.bytes_per_block(o.block_size, o.kv_cache_dtype)
+        # Hybrid models: only paged layers hold KV blocks; linear-attention layers hold state_slots states each
+        # (the engine's count when it plans, else one live state per running request and the scratch slot).
+        self.kv_flags = [meta.has_kv(i) for i in range(self.L)]
+        self.n_kv_layers = sum(self.kv_flags)
+        self.state_slots = (o.num_state_slots or o.max_num_seqs + 1) if meta.has_states else 0
         self.ignore_rules = False
         self._layer_bytes: dict[tuple, tuple[int, int, int]] = {}
         # KV blocks (the null block included) that requests can use at once, and the least `auto` keeps room for.
@@ -97,7 +102,8 @@ class SizeModel:
         # that leave its window (core/kv_cache.py), so it holds what max_num_seqs requests' windows need.
         self.layer_cap = [None if not w or o.num_gpu_blocks_override else
                           sliding_pool_blocks(w, o.block_size, o.max_num_seqs, o.max_num_batched_tokens,
-                                              self.max_model_len) for w in (meta.kv_windows or (0,) * self.L)]
+                                              self.max_model_len)
+                          for w in (getattr(meta.layer_cache(i), "window", 0) for i in range(self.L))]
 
     # ------------------------------------------------------------ KV
     def kv_bytes(self, blocks: int, layers) -> int:
@@ -120,7 +126,7 @@ class SizeModel:
         """Bytes of RAM the KV may take, and what set them."""
         o, m = self.o, self.m
         if o.kv_pool_blocks is not None:
-            return (o.kv_pool_blocks * self.block_layer_bytes * self.L,
+            return (o.kv_pool_blocks * self.block_layer_bytes * self.n_kv_layers,
                     "the engine's KV pool (kv_cache_memory, else a share of the RAM left after the weights)")
         if o.kv_cache_memory is not None:
             return int(o.kv_cache_memory * GIB), f"kv_cache_memory {o.kv_cache_memory:g} GiB"
@@ -131,11 +137,18 @@ class SizeModel:
         """Layers whose KV sits in host RAM: CPU layers, GPU layers with --kv-offload, all of them when the
         GPU's memory is the host's (torch's CPU device, APUs)."""
         shared = self.gpu is not None and self.gpu.shared_with_host
-        return [i for i, c in enumerate(choices) if c.device == "cpu" or self.o.kv_offload or shared]
+        return [i for i, (f, c) in enumerate(zip(self.kv_flags, choices))
+                if f and (c.device == "cpu" or self.o.kv_offload or shared)]
 
     def gpu_kv_layers(self, choices: list[_Choice]) -> list[int]:
-        """Layers whose KV sits on the GPU."""
-        return [] if self.o.kv_offload else [i for i, c in enumerate(choices) if c.device == "gpu"]
+        """Layers whose KV blocks live on the GPU."""
+        return [] if self.o.kv_offload else [i for i, (f, c) in enumerate(zip(self.kv_flags, choices))
+                                             if f and c.device == "gpu"]
+
+    def state_bytes(self, choices: list[_Choice], on_gpu: bool) -> int:
+        """The state pools of the linear-attention layers whose states live on the GPU (on_gpu) or in RAM."""
+        return self.state_slots * sum(self.m.state_bytes_of(i) for i, c in enumerate(choices)
+                                      if (c.device == "gpu" and not self.o.kv_offload) == on_gpu)
 
     def kv_wanted(self, choices: list[_Choice]) -> tuple[int, str]:
         """KV blocks these choices want: what requests can use (max_model_len x max_num_seqs), within the RAM
@@ -257,7 +270,8 @@ class SizeModel:
 
     def gpu_need(self, choices, out_gpu: bool, out_fmt: str, blocks: int) -> DeviceUsage:
         w = sum(self.layer_bytes(i, c)[1] for i, c in enumerate(choices)) + self.output_bytes(out_gpu, out_fmt)[1]
-        return DeviceUsage(self.gpu.name, self.budget, w, self.kv_bytes(blocks, self.gpu_kv_layers(choices)),
+        kv = self.kv_bytes(blocks, self.gpu_kv_layers(choices)) + self.state_bytes(choices, True)
+        return DeviceUsage(self.gpu.name, self.budget, w, kv,
                            self.work_bytes(choices, out_gpu), self.margin())
 
     def fits(self, choices, out_gpu, out_fmt, blocks) -> bool:

@@ -46,6 +46,7 @@ class BlockPool:
         self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(
             (b.block_id, b) for b in self.blocks[1:])
         self.cached: dict[bytes, KVCacheBlock] = {}
+        self.on_evict = None  # called with the hash of each cached block the pool reuses (hybrid_cache.py)
 
     @property
     def num_usable_blocks(self) -> int:
@@ -85,6 +86,8 @@ class BlockPool:
             if b.block_hash is not None:
                 if self.cached.get(b.block_hash) is b:
                     del self.cached[b.block_hash]
+                    if self.on_evict is not None:
+                        self.on_evict(b.block_hash)
                 b.block_hash = None
             b.ref_cnt = 1
             out.append(b)

@@ -353,6 +353,10 @@ class KVCacheManager:
         request.block_ids = [b.block_id for b in self.pool.get_new_blocks(len(host_ids))]
         return list(zip(request.block_ids, host_ids))
 
+    def take_state_copies(self) -> list[tuple[int, int]]:
+        """State slots to copy before the step (hybrid_cache.py); none here."""
+        return []
+
     def reset_prefix_cache(self) -> bool:
         """Drops every cached hash; always succeeds (held blocks stay allocated, just unshared)."""
         for pool in self.pools:

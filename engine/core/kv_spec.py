@@ -1,14 +1,17 @@
-"""The KV cache's storage, in one place: which `kv_cache_dtype` values exist, what each stores, how many bytes a
-block takes, and the share of free RAM the pool takes by default. The runner, the loader, the planner and the
-GPU placement all read these (plain names and ints: no numpy or torch here)."""
+"""The KV cache's storage, in one place: which `kv_cache_dtype` values exist, what each stores, what each layer
+declares it keeps (paged blocks, LayerKV, or a per-sequence state, LayerState), how many bytes a block takes, and the
+share of free RAM the pool takes by default. The runner, the loader, the planner, the RAM tier and the GPU placement
+all read these (plain names and ints: no numpy or torch here)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, Union
 
 # kv_cache_dtype (vLLM's argument) -> the element type the cache stores (numpy and torch spell these alike).
 KV_CACHE_DTYPES = {"auto": "float16", "fp16": "float16", "float16": "float16", "fp32": "float32", "float32": "float32"}
 ITEMSIZE = {"float16": 2, "float32": 4}
+STATE_ITEMSIZE = 4  # states are float32 (the delta rule's S accumulates over the whole sequence)
 # Without kv_cache_memory, the pool takes this share of the RAM still available after the weights.
 KV_RAM_FRACTION = 0.4
 
@@ -48,6 +51,39 @@ class LayerKV:
     def bytes_per_block(self, block_size: int, kv_cache_dtype: str) -> int:
         return self.arrays * block_size * self.num_heads * self.head_dim * kv_itemsize(kv_cache_dtype)
 
+    @property
+    def bytes_per_sequence(self) -> int:
+        """Fixed bytes per sequence: none (everything is in the blocks)."""
+        return 0
+
+
+@dataclass(frozen=True)
+class LayerState:
+    """What a linear-attention layer keeps instead of paged blocks (vLLM's MambaSpec beside its attention specs): a
+    fixed-size float32 state per sequence, `shapes` its arrays (qwen3.5's Gated DeltaNet: the conv inputs (K - 1, C)
+    and the delta rule's S (Hv, dk, dv)). The runner holds them in pools of state slots, one pool per array."""
+    shapes: tuple[tuple[int, ...], ...]
+
+    def pool_shapes(self, num_slots: int) -> tuple[tuple[int, ...], ...]:
+        return tuple((num_slots, *s) for s in self.shapes)
+
+    def bytes_per_block(self, block_size: int, kv_cache_dtype: str) -> int:
+        """No paged blocks: a block id costs this layer nothing."""
+        return 0
+
+    @property
+    def bytes_per_sequence(self) -> int:
+        """One sequence's state (one slot of its pools)."""
+        return sum(math.prod(s) for s in self.shapes) * STATE_ITEMSIZE
+
+
+LayerCache = Union[LayerKV, LayerState]  # one layer's declaration (Architecture.kv_layout gives one per layer)
+
+
+def is_paged(layer: LayerCache) -> bool:
+    """The layer keeps paged blocks (K/V or a latent) rather than a per-sequence state."""
+    return isinstance(layer, LayerKV)
+
 
 def bytes_per_block_per_layer(block_size: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str,
                               v_is_k: bool = False) -> int:
@@ -55,9 +91,14 @@ def bytes_per_block_per_layer(block_size: int, num_kv_heads: int, head_dim: int,
     return LayerKV(num_kv_heads, head_dim, v_is_k).bytes_per_block(block_size, kv_cache_dtype)
 
 
-def layout_bytes_per_block(layout: Sequence[LayerKV], block_size: int, kv_cache_dtype: str) -> int:
-    """One block id's cache in every layer of a layout (one LayerKV per layer)."""
+def layout_bytes_per_block(layout: Sequence[LayerCache], block_size: int, kv_cache_dtype: str) -> int:
+    """One block id's cache in every layer of a layout (state layers take none)."""
     return sum(layer.bytes_per_block(block_size, kv_cache_dtype) for layer in layout)
+
+
+def layout_state_bytes(layout: Sequence[LayerCache]) -> int:
+    """One sequence's states in every layer of a layout (0: no linear-attention layer)."""
+    return sum(layer.bytes_per_sequence for layer in layout)
 
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str) -> int:
@@ -73,15 +114,17 @@ class CacheGroup:
     layers: tuple[int, ...]
 
 
-def cache_groups(layout: Sequence[LayerKV]) -> tuple[CacheGroup, ...]:
-    """The layout's layers grouped by window: full attention first, then windows ascending (group 0's table is
-    Request.block_ids). A model without sliding layers has one group, as before groups existed."""
-    windows = sorted({layer.window for layer in layout})
-    return tuple(CacheGroup(w, tuple(i for i, layer in enumerate(layout) if layer.window == w)) for w in windows)
+def cache_groups(layout: Sequence[LayerCache]) -> tuple[CacheGroup, ...]:
+    """The layout's paged layers grouped by window: full attention first, then windows ascending (group 0's table is
+    Request.block_ids). A model without sliding layers has one group, as before groups existed; state layers
+    (LayerState) hold no blocks and belong to none."""
+    paged = [(i, layer) for i, layer in enumerate(layout) if is_paged(layer)]
+    windows = sorted({layer.window for _, layer in paged}) or [0]
+    return tuple(CacheGroup(w, tuple(i for i, layer in paged if layer.window == w)) for w in windows)
 
 
-def layer_groups(layout: Sequence[LayerKV]) -> tuple[int, ...]:
-    """Each layer's group index in cache_groups(layout)."""
+def layer_groups(layout: Sequence[LayerCache]) -> tuple[int, ...]:
+    """Each layer's group index in cache_groups(layout) (0 for a state layer, which reads no block table)."""
     out = [0] * len(layout)
     for g, group in enumerate(cache_groups(layout)):
         for i in group.layers:
@@ -89,7 +132,7 @@ def layer_groups(layout: Sequence[LayerKV]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def group_bytes_per_block(layout: Sequence[LayerKV], group: CacheGroup, block_size: int, kv_cache_dtype: str) -> int:
+def group_bytes_per_block(layout: Sequence[LayerCache], group: CacheGroup, block_size: int, kv_cache_dtype: str) -> int:
     """One block id of the group: its layers' caches."""
     return layout_bytes_per_block([layout[i] for i in group.layers], block_size, kv_cache_dtype)
 

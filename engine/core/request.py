@@ -94,6 +94,10 @@ class Request:
         # blocks.
         self.block_tables: list[list[int]] = [[]]
         self.block_hashes: list[bytes] = []
+        # Models with linear-attention layers (engine/core/hybrid_cache.py): the slot of its live state (-1: none),
+        # and this step's snapshot (rows of the step before a block boundary, checkpoint slot) or ().
+        self.state_slot = -1
+        self.state_snapshot: tuple[int, int] | tuple[()] = ()
         self.num_cached_tokens = 0  # prefix-cache hit tokens at the first schedule
         self.num_preemptions = 0
         # Timestamps (time.monotonic()).

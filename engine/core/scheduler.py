@@ -202,9 +202,10 @@ class Scheduler:
             scheduled.append(ScheduledRequest(
                 req_id=req.request_id, token_ids=tuple(req.all_token_ids[start:start + n]), start_pos=start,
                 block_ids=tuple(req.block_ids), sample=req.num_computed_tokens >= req.num_tokens,
-                group_block_ids=tuple(tuple(t) for t in req.block_tables[1:])))
+                group_block_ids=tuple(tuple(t) for t in req.block_tables[1:]),
+                state_slot=req.state_slot, state_snapshot=req.state_snapshot))
         return SchedulerOutput(scheduled=tuple(scheduled), blocks_to_swap_out=tuple(swap_out),
-                               blocks_to_swap_in=tuple(swap_in))
+                               blocks_to_swap_in=tuple(swap_in), state_copies=tuple(self.kv.take_state_copies()))
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            sampled: dict[str, list[int]]) -> list[tuple[Request, FinishReason]]:

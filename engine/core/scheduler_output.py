@@ -4,6 +4,7 @@ How the engine consumes a SchedulerOutput (block_size is the KV cache's):
   0. Before the forward pass, even when `scheduled` is empty, copy blocks_to_swap_out (device -> RAM
      tier) and blocks_to_swap_in (RAM tier -> device): a swapped-out device block may be written by
      another request in this very step. One step never has both, so their order does not matter.
+     Then copy the state_copies (checkpoint -> live state slot), in order.
   1. For each entry of `scheduled`, in order, append one sequence to the batch:
          rows        token_ids (len q)
          positions   start_pos .. start_pos + q - 1
@@ -11,6 +12,7 @@ How the engine consumes a SchedulerOutput (block_size is the KV cache's):
          block table block_ids (pad with 0, the null block), and one per group_block_ids (sliding layers)
          slot        block_ids[p // block_size] * block_size + p % block_size for each position p (per group too)
          logits      the last row, only when `sample` is true (a partial prompt chunk never samples)
+         states      state_slot, and the state_snapshot to save (linear-attention layers)
   2. Return {req_id: [sampled token]} for exactly the entries with sample true, and pass it to
      Scheduler.update_from_output together with this output.
 The engine keeps its per-request state itself (engine/req_state.py), so the output carries no request data.
@@ -30,6 +32,8 @@ class ScheduledRequest:
     block_ids      the request's whole block table after this step's allocation (cache group 0's)
     sample         this step reaches the request's last known token: sample one token from its last row
     group_block_ids  the tables of cache groups 1.. (sliding-window layers; null where out of the window), or ()
+    state_slot     linear-attention layers: the slot of the request's state (-1: the model has none)
+    state_snapshot (rows, slot): save the state after that many of token_ids into that checkpoint slot, or ()
     """
     req_id: str
     token_ids: tuple[int, ...]
@@ -37,6 +41,8 @@ class ScheduledRequest:
     block_ids: tuple[int, ...]
     sample: bool
     group_block_ids: tuple[tuple[int, ...], ...] = ()
+    state_slot: int = -1
+    state_snapshot: tuple = ()
 
     @property
     def num_tokens(self) -> int:
@@ -49,10 +55,13 @@ class SchedulerOutput:
 
     blocks_to_swap_out (device block, host block) pairs: copy device -> RAM tier before this step runs
     blocks_to_swap_in  (device block, host block) pairs: copy RAM tier -> device before this step runs
+    state_copies       (checkpoint slot, live slot) pairs: copy these states, in order, before this step runs
+                       (prefix-cache hits of models with linear-attention layers)
     """
     scheduled: tuple[ScheduledRequest, ...]
     blocks_to_swap_out: tuple[tuple[int, int], ...] = ()
     blocks_to_swap_in: tuple[tuple[int, int], ...] = ()
+    state_copies: tuple[tuple[int, int], ...] = ()
 
     @property
     def is_empty(self) -> bool:

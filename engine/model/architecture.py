@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.core.kv_spec import LayerKV
+from engine.core.kv_spec import LayerCache
 from engine.model.spec import BlockSpec
 
 
@@ -20,6 +20,8 @@ class Architecture:
     hf_layer_map: dict[str, str] = {}    # per-layer HF module -> GGUF tensor base, beside hf.LAYER_MAP
     hf_permute_qk: bool = False          # Q/K rows permuted as llama.cpp's converter does for llama
     hf_norm_offset: float = 0.0          # added to every RMSNorm weight (Gemma stores w, GGUF holds 1 + w)
+    hf_plain_norms: tuple[str, ...] = () # GGUF norm names hf_norm_offset leaves alone (stored plain in HF too)
+    hf_special_map: dict[str, str] = {}  # per-layer HF tensors named without .weight/.bias -> GGUF names
     hf_tie_default: bool = False         # tie_word_embeddings when config.json does not say
     hf_default_rope_theta: float = 10000.0
 
@@ -33,6 +35,16 @@ class Architecture:
         """GGUF tensors llama.cpp's converter computes from one per-layer HF tensor (suffix: the name after
         model.layers.{i}., e.g. self_attn.kv_b_proj.weight): {name relative to blk.{i}.: (numpy shape, function of
         the HF array)}, or None where the tensor maps as it is."""
+        return None
+
+    def hf_rename(self, name: str, cfg) -> str:
+        """An HF tensor name (language-model prefixes already stripped) as the generic maps should see it (Qwen3.5
+        moves its mtp.* tensors to the layer after the main ones); cfg: the ModelConfig read from config.json."""
+        return name
+
+    def hf_transform(self, name: str, shape: tuple[int, ...], cfg):
+        """(GGUF shape, fn) when the HF tensor for GGUF `name` needs llama.cpp's converter's value transform (fn maps
+        the float32 array), else None."""
         return None
 
     def hf_layer_windows(self, cfg: dict, num_layers: int) -> tuple[int, ...]:
@@ -53,6 +65,7 @@ class Architecture:
     def block(self, cfg, layer: int) -> BlockSpec:
         raise NotImplementedError
 
-    def kv_layout(self, cfg) -> tuple[LayerKV, ...]:
-        """Each layer's paged cache, from its BlockSpec (the runner allocates it, the planner and `info` count it)."""
+    def kv_layout(self, cfg) -> tuple[LayerCache, ...]:
+        """Each layer's cache, from its BlockSpec: paged blocks (LayerKV) or a per-sequence state (LayerState). The
+        runner allocates it, the loader sizes the pools with it, the planner, the placement and `info` count it."""
         return tuple(self.block(cfg, i).kv(cfg) for i in range(cfg.num_layers))

@@ -41,6 +41,7 @@ class ModelConfig:
     expert_group_used_count: int = 1
     expert_weights_scale: float = 1.0   # routed_scaling_factor
     expert_selection_bias: bool = False  # exp_probs_b.bias (DeepSeek's correction bias) joins the choice
+    shared_expert_intermediate_size: int = 0  # one shared expert this wide (qwen3.5; else expert_shared_count)
     # Attention variants
     rope_dim: int = 0                   # rotated dims of a head (partial rotary); 0 = head_dim
     attn_bias: bool = False             # q/k/v biases
@@ -52,6 +53,13 @@ class ModelConfig:
     kv_lora_rank: int = 0               # the cached latent's width
     rope_yarn_log_mul: float = 0.0      # llama.cpp's yarn_log_multiplier (0.1 mscale_all_dim): YaRN multiplies
                                         # the softmax scale by (1 + it ln factor)^2
+    # Linear attention (Gated DeltaNet, qwen3.5): which layers, and the geometry of their per-sequence state
+    linear_layers: tuple[int, ...] = ()  # layers that are linear attention (the others full attention)
+    ssm_conv_kernel: int = 0             # the causal conv1d's width
+    ssm_num_k_heads: int = 0             # query/key heads (GGUF ssm.group_count)
+    ssm_num_v_heads: int = 0             # value heads (ssm.time_step_rank)
+    ssm_k_head_dim: int = 0              # (ssm.state_size)
+    ssm_v_head_dim: int = 0              # (ssm.inner_size / value heads)
     # Multi-token-prediction layers after the main ones (kept in the file, not run by the decoder)
     nextn_layers: int = 0
     # Tokens

@@ -8,12 +8,14 @@ import math
 import numpy as np
 
 from cpu_kernels import activations
-from engine.core.kv_spec import layer_groups
+from engine.core.kv_spec import layer_groups, layout_state_bytes
 from engine.model.block import Block
 from engine.model.config import ModelConfig
 from engine.model.parts.linear import Linear, has
 from engine.model.parts.norm import RMSNorm
 from engine.worker.batch import BatchMetadata, RowGroups
+
+DEFAULT_STATE_SLOTS = 8
 
 
 class DecoderModel:
@@ -30,7 +32,11 @@ class DecoderModel:
         shared: dict = {}  # what layers share (RoPE tables)
         self.blocks = [Block(arch.block(config, i), ws, config, i, batch_invariant, shared)
                        for i in range(config.num_layers)]
-        self.kv_layout = arch.kv_layout(config)  # each layer's paged cache (core/kv_spec.LayerKV)
+        # each layer's cache (core/kv_spec: paged LayerKV, or a LayerState for a linear-attention layer)
+        self.kv_layout = arch.kv_layout(config)
+        # Linear-attention layers keep a state per sequence in a pool of slots (slot 0: scratch for the warm-up and
+        # single-sequence callers); the loader sets the engine's count from the cache budget.
+        self.num_state_slots = DEFAULT_STATE_SLOTS if layout_state_bytes(self.kv_layout) else 0
         self.layer_groups = layer_groups(self.kv_layout)  # each layer's cache group (its block tables)
 
     def embed_tokens(self, input_ids: np.ndarray) -> np.ndarray:

@@ -51,7 +51,8 @@ class FusedBlock:
         cos, sin = attn.rope_table(meta) if attn is not None else (_NO_ROPE, _NO_ROPE)
         get, put = _raw_setters()  # also launches the pool, whose symbols block_step links to
         args = (x, *self.args, cos, sin, *self._kv, meta.slot_mapping, meta.query_start_loc, meta.seq_lens,
-                meta.block_tables, meta.max_seq_len, serial_work())
+                meta.block_tables, meta.max_seq_len, serial_work(), meta.positions, meta.state_slots, meta.snap_rows,
+                meta.snap_slots)
         if not self._compiled:
             self._sig = self._sig or fused_compile.signature(args)
             self._compiled = fused_compile.ready(self._sig)

@@ -9,6 +9,8 @@ import numpy as np
 from engine.model.config import ModelConfig
 
 Q = gguf.GGMLQuantizationType
+# Tensors llama.cpp's converter always writes in F32 whatever the scheme (ggml_ssm_conv reads an F32 kernel).
+F32_TENSORS = ("ssm_conv1d.weight", "ssm_a", "ssm_dt.bias")
 
 
 def default_qtype(quant: Q) -> Callable[[str, tuple], Q]:
@@ -99,7 +101,7 @@ def write_gguf(path: str, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
         if quantized and name in quantized:
             continue
         t = np.ascontiguousarray(t, dtype=np.float32)
-        q = qtype(name, t.shape)
+        q = Q.F32 if name.endswith(F32_TENSORS) else qtype(name, t.shape)
         if q == Q.F32:
             w.add_tensor(name, t)
         elif q == Q.F16:

@@ -9,6 +9,7 @@ architecture stores them zero-centred (hf_norm_offset; F32, as GGUF has them), a
 from __future__ import annotations
 
 import json
+import logging
 import math
 import mmap
 import os
@@ -26,6 +27,7 @@ from engine.model.gguf import TensorInfo, raw_view, tensor_nbytes
 from engine.model.registry import architecture, architecture_of_model_type, hf_model_types
 from engine.model.weights import WeightSource
 
+logger = logging.getLogger("ramlm.model")
 _ST_DTYPES = {"F32": GT.F32, "F16": GT.F16, "BF16": GT.BF16}
 _ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                 "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -43,9 +45,10 @@ LAYER_MAP = {
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
-# Per-layer HF tensors whose names end otherwise (DeepSeek's routing bias, gpt-oss's sinks), mapped whole.
+# Per-layer HF tensors whose names end otherwise (DeepSeek's routing bias, gpt-oss's sinks), mapped whole; an
+# architecture adds its own (Architecture.hf_special_map).
 SPECIAL_MAP = {"mlp.gate.e_score_correction_bias": "exp_probs_b.bias", "self_attn.sinks": "attn_sinks.weight"}
-_SPECIAL_RE = re.compile(r"model\.layers\.(\d+)\.(" + "|".join(map(re.escape, SPECIAL_MAP)) + r")$")
+_SPECIAL_RE = re.compile(r"model\.layers\.(\d+)\.(.+)$")
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 _EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 _FUSED_EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj$")
@@ -258,10 +261,12 @@ class HFWeights(WeightSource):
                 for old, new in _PREFIXES:
                     if hf.startswith(old):
                         hf = new + hf[len(old):]
+                hf = self.arch.hf_rename(hf, c)
                 if hf in sources:
                     _fail(f.path, f"tensor '{name}' also appears in {sources[hf][0].path}")
                 sources[hf] = (f, name)
         layer_map = {**LAYER_MAP, **self.arch.hf_layer_map}
+        special = {**SPECIAL_MAP, **self.arch.hf_special_map}
         experts: dict[tuple[int, str], dict[int, tuple[_SafetensorsFile, str]]] = {}
         for hf, src in sources.items():
             if self.arch.hf_tensor(self, hf, src, sources):  # the architecture's own layout (gpt-oss's experts)
@@ -280,12 +285,15 @@ class HFWeights(WeightSource):
                 self._add_split(int(m[1]), parts, src)
             elif (m := _LAYER_RE.match(hf)) and m[2] in layer_map:
                 self._add(f"blk.{m[1]}.{layer_map[m[2]]}.{m[3]}", c, src)
-            elif m := _SPECIAL_RE.match(hf):
-                self._add(f"blk.{m[1]}.{SPECIAL_MAP[m[2]]}", c, src)
+            elif (m := _SPECIAL_RE.match(hf)) and m[2] in special:
+                self._add(f"blk.{m[1]}.{special[m[2]]}", c, src)
             else:
                 self.unmapped.append(src[1])
         for (layer, proj), by_expert in sorted(experts.items()):
             self._add_stacked(f"blk.{layer}.ffn_{proj}_exps.weight", by_expert)
+        if self.unmapped:
+            groups = sorted({".".join(n.split(".")[:2]) for n in self.unmapped})
+            logger.info("%s: the text model skips %d tensors (%s)", self.path, len(self.unmapped), ", ".join(groups))
 
     def _entry(self, src: tuple[_SafetensorsFile, str], gguf_name: str) -> tuple[GT, tuple[int, ...], Callable]:
         f, key = src
@@ -306,9 +314,13 @@ class HFWeights(WeightSource):
             if shape[0] % (2 * n_head):
                 _fail(src[0].path, f"tensor '{src[1]}': {shape[0]} rows do not split into {n_head} heads")
             load, offset = (lambda ld=load: permute_qk(ld(), n_head)), -1
-        if self.arch.hf_norm_offset and base.endswith("norm"):
+        if self.arch.hf_norm_offset and base.endswith("norm") and base not in self.arch.hf_plain_norms:
             off = np.float32(self.arch.hf_norm_offset)
             load, offset, gtype = (lambda ld=load, t=gtype: _as_f32(ld(), t) + off), -1, GT.F32
+        transform = self.arch.hf_transform(name, shape, c)
+        if transform is not None:
+            shape, fn = transform
+            load, offset, gtype = (lambda ld=load, t=gtype, fn=fn: fn(_as_f32(ld(), t))), -1, GT.F32
         self._tensors[name] = (TensorInfo(name, gtype, shape, offset, tensor_nbytes(gtype, shape)), load)
 
     def _add_split(self, layer: int, parts: dict, src: tuple[_SafetensorsFile, str]) -> None:

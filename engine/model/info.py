@@ -5,7 +5,7 @@ import math
 import os
 from typing import Any
 
-from engine.core.kv_spec import layout_bytes_per_block
+from engine.core.kv_spec import is_paged, layout_bytes_per_block, layout_state_bytes
 from engine.model.registry import architecture
 from engine.model.weights import open_weights
 
@@ -27,7 +27,8 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         kv_bytes_per_1k_tokens (fp16, the full-attention layers' caches as the runner allocates them,
         core/kv_spec.LayerKV: what grows with the context), kv_sliding_bytes_per_sequence (fp16, the sliding-window
         layers' window per sequence: bounded, they free the blocks that leave it), sliding_window_layers, kv_note
-        (what the KV figures count).
+        (what the KV figures count, for sliding-window, MLA and hybrid models), state_bytes_per_sequence (the
+        linear-attention layers' states of one sequence, core/kv_spec.LayerState; 0 without).
     Raises:
         ModelLoadError: as open_weights.
     """
@@ -43,16 +44,20 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         num_params += math.prod(t.shape)
     types = dict(sorted(types.items(), key=lambda kv: -kv[1]["bytes"]))
     layout = architecture(c.arch).kv_layout(c)
-    full = [layer for layer in layout if not layer.window]
-    sliding = [layer for layer in layout if layer.window]
+    paged = [layer for layer in layout if is_paged(layer)]
+    full = [layer for layer in paged if not layer.window]
+    sliding = [layer for layer in paged if layer.window]
     kv_1k = layout_bytes_per_block(full, 1024, "fp16")  # what grows with the context
     # a sliding layer's cache group frees the blocks that leave its window: per sequence it holds about a window
     kv_seq = sum(layer.bytes_per_block(1, "fp16") * layer.window for layer in sliding)
     note = "fp16 K and V, every layer at full attention"
-    if any(layer.v_is_k for layer in layout):
-        d = layout[0].head_dim
+    if any(layer.v_is_k for layer in paged):
+        d = paged[0].head_dim
         note = (f"fp16 latent cache (MLA): per token and layer one row of {c.kv_lora_rank} latent + {d - c.kv_lora_rank}"
                 " rope-key values, read as both K and V")
+    if len(paged) < len(layout):
+        note = (f"fp16 K and V of the {len(paged)} attention layers; the {len(layout) - len(paged)} "
+                "linear-attention layers keep a fixed state per sequence instead")
     if sliding:
         windows = sorted({layer.window for layer in sliding})
         note = (f"fp16 K and V of the {len(full)} full-attention layers; the {len(sliding)} sliding-window layers "
@@ -72,6 +77,7 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         "kv_sliding_bytes_per_sequence": kv_seq,
         "sliding_window_layers": len(sliding),
         "kv_note": note,
+        "state_bytes_per_sequence": layout_state_bytes(layout),  # float32 states of the linear-attention layers (0: none)
     }
 
 
@@ -134,4 +140,7 @@ def format_info(info: dict[str, Any]) -> str:
         f"weights:        {_bytes(info['total_weight_bytes'])}",
         f"KV cache:       {_bytes(info['kv_bytes_per_1k_tokens'])} per 1k tokens ({info['kv_note']})",
     ]
+    if info.get("state_bytes_per_sequence"):
+        lines.append(f"states:         {_bytes(info['state_bytes_per_sequence'])} per sequence (float32 conv and "
+                     "recurrent states; prefix-cache checkpoints take as much each)")
     return "\n".join(lines)

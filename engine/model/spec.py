@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cpu_kernels.rope import RopeScaling
-from engine.core.kv_spec import LayerKV
+from engine.core.kv_spec import LayerCache, LayerKV, LayerState
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,8 @@ class AttentionSpec:
     """Self-attention over the paged KV cache: attn_q/k/v/output (+ .bias with qkv_bias; attn_output.bias with
     o_bias), attn_q_norm/attn_k_norm (per-head RMSNorm) with qk_norm, a sliding window (0 = full), a logit softcap
     (0 = none), the score scale (0 = head_dim ** -0.5) and attention sinks (attn_sinks.weight: a learned logit per
-    query head added to the softmax's denominator only, gpt-oss)."""
+    query head added to the softmax's denominator only, gpt-oss). output_gate: attn_q yields [q_h | gate_h] per head
+    (2 head_dim rows each) and the attention output is multiplied by sigmoid(gate) before attn_output (qwen3.5)."""
     rope: RopeSpec
     qkv_bias: bool = False
     qk_norm: bool = False
@@ -38,14 +39,15 @@ class AttentionSpec:
     scale: float = 0.0
     o_bias: bool = False
     sinks: bool = False
+    output_gate: bool = False
 
     def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
         H, D = cfg.hidden_size, cfg.head_dim
         hq, hkv = cfg.num_heads * D, cfg.num_kv_heads * D
-        out = {"attn_q.weight": (hq, H), "attn_k.weight": (hkv, H), "attn_v.weight": (hkv, H),
-               "attn_output.weight": (H, hq)}
+        out = {"attn_q.weight": (2 * hq if self.output_gate else hq, H), "attn_k.weight": (hkv, H),
+               "attn_v.weight": (hkv, H), "attn_output.weight": (H, hq)}
         if self.qkv_bias:
-            out.update({"attn_q.bias": (hq,), "attn_k.bias": (hkv,), "attn_v.bias": (hkv,)})
+            out.update({"attn_q.bias": (out["attn_q.weight"][0],), "attn_k.bias": (hkv,), "attn_v.bias": (hkv,)})
         if self.qk_norm:
             out.update({"attn_q_norm.weight": (D,), "attn_k_norm.weight": (D,)})
         if self.o_bias:
@@ -155,6 +157,36 @@ class MoESpec:
 
 
 @dataclass(frozen=True)
+class GatedDeltaNetSpec:
+    """Gated DeltaNet linear attention (qwen3.5): attn_qkv (q|k|v rows, value heads in GGUF's tiled order: value head
+    h reads key head h % num_k_heads), attn_gate (z), ssm_beta (b), ssm_alpha (a), ssm_conv1d (C, K) depthwise,
+    ssm_dt.bias, ssm_a (= -exp(A_log)), ssm_norm (v_head_dim, a plain weight), ssm_out. A sequence keeps a fixed-size
+    state instead of KV blocks (kv)."""
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int = 4
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.num_k_heads * self.k_head_dim + self.num_v_heads * self.v_head_dim
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        H, C, Hv = cfg.hidden_size, self.conv_dim, self.num_v_heads
+        V = Hv * self.v_head_dim
+        return {"attn_qkv.weight": (C, H), "attn_gate.weight": (V, H), "ssm_beta.weight": (Hv, H),
+                "ssm_alpha.weight": (Hv, H), "ssm_conv1d.weight": (C, self.conv_kernel), "ssm_dt.bias": (Hv,),
+                "ssm_a": (Hv,), "ssm_norm.weight": (self.v_head_dim,), "ssm_out.weight": (H, V)}
+
+    def kv(self, cfg) -> LayerState:
+        """Its cache: no paged blocks, one sequence's float32 states: the conv inputs (K - 1, C) and the delta rule's
+        S (Hv, dk, dv)."""
+        return LayerState(((self.conv_kernel - 1, self.conv_dim),
+                           (self.num_v_heads, self.k_head_dim, self.v_head_dim)))
+
+
+@dataclass(frozen=True)
 class Residual:
     """x = x + post(part(pre(x))); pre and post are RMSNorm weight tensors (None: no norm)."""
     part: object
@@ -176,12 +208,13 @@ class BlockSpec:
             out.update(st.part.tensors(cfg))
         return out
 
-    def kv(self, cfg) -> LayerKV:
-        """The layer's paged cache: its attention part's."""
+    def kv(self, cfg) -> LayerCache:
+        """The layer's cache: its attention part's paged blocks (LayerKV), or its linear-attention part's
+        per-sequence state (LayerState)."""
         for st in self.steps:
             if hasattr(st.part, "kv"):
                 return st.part.kv(cfg)
-        raise ValueError("a block without an attention part has no paged cache")
+        raise ValueError("a block without an attention or linear-attention part has no cache")
 
 
 def prenorm_block(mixer, ffn) -> BlockSpec:

@@ -24,6 +24,10 @@ class BatchMetadata:
     logits_indices   (R,) int64   rows whose logits are computed (last row of a sampling sequence,
                                   and every row of a sequence that asked for prompt logprobs)
     group_tables     ((block_tables, slot_mapping), ...) of cache groups 1.. (sliding-window layers), or ()
+    state_slots      (S,) int32   linear-attention layers: the state slot of each sequence (a sequence whose
+                                  first row is at position 0 starts from zero states)
+    snap_rows        (S,) int32   copy the states after this many of the sequence's rows (0: none) ...
+    snap_slots       (S,) int32   ... into this slot (a prefix-cache checkpoint at a block boundary)
     rows             RowGroups    which kernels the Linears run on which rows (set by DecoderModel.forward)
     """
     input_ids: np.ndarray
@@ -33,6 +37,9 @@ class BatchMetadata:
     block_tables: np.ndarray
     slot_mapping: np.ndarray
     logits_indices: np.ndarray
+    state_slots: np.ndarray | None = None  # None: zeros (slot 0 for every sequence), no snapshots
+    snap_rows: np.ndarray | None = None
+    snap_slots: np.ndarray | None = None
     rows: "RowGroups | None" = None
     group_tables: tuple = ()
 
@@ -45,6 +52,12 @@ class BatchMetadata:
             view.__dict__["step_cache"] = self.step_cache  # one RoPE table per step for all groups
             views.append(view)
         return views
+
+    def __post_init__(self):
+        S = len(self.seq_lens)
+        for name in ("state_slots", "snap_rows", "snap_slots"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros(S, np.int32))
 
     @property
     def num_tokens(self) -> int:

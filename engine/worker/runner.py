@@ -6,10 +6,10 @@ from typing import Sequence
 
 import numpy as np
 
-from engine.core.kv_spec import LayerKV, cache_groups, kv_storage_dtype, layer_groups, layout_bytes_per_block
+from engine.core.kv_spec import (LayerKV, LayerState, cache_groups, is_paged, kv_storage_dtype, layer_groups,
+                                  layout_bytes_per_block)
 from engine.worker.batch import BatchMetadata
 from engine.worker.huge_pages import small_pages, zeros_small_pages
-
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,8 @@ class SeqChunk:
     start: int
     block_ids: tuple[int, ...]
     logits: str = "last"
+    state_slot: int = 0            # linear-attention layers: the sequence's state slot
+    snapshot: tuple[int, int] = ()  # (rows, slot): copy the states after that many of token_ids into slot
     group_block_ids: tuple[tuple[int, ...], ...] = ()  # cache groups 1..'s tables; () = block_ids serves them all
 
 
@@ -33,12 +35,19 @@ def layer_cache(layer: LayerKV, num_blocks: int, block_size: int, dtype) -> tupl
     return k, (k if layer.v_is_k else zeros_small_pages(layer.block_shape(num_blocks, block_size), dtype))
 
 
-class ModelRunner:
-    """Owns the model and its paged KV cache: one (K, V) pair per layer, shaped by the model's kv_layout (V is K,
-    one array, where the layer reads its values from its keys: MLA), with its cache group's block count
-    (num_blocks: one count for every group, or one per group in kv_spec.cache_groups order)."""
+def state_pools(layer: LayerState, num_slots: int) -> tuple[np.ndarray, ...]:
+    """A linear-attention layer's float32 state pools (num_slots, *one sequence's array) each, zeroed."""
+    return tuple(zeros_small_pages(shape, np.float32) for shape in layer.pool_shapes(num_slots))
 
-    def __init__(self, model, num_blocks: int | Sequence[int], block_size: int = 16, kv_cache_dtype: str = "auto"):
+
+class ModelRunner:
+    """Owns the model and its caches, as the model's kv_layout declares them layer by layer: a (K, V) pair of paged
+    blocks per attention layer (V is K, one array, where the layer reads its values from its keys: MLA) with its
+    cache group's block count (num_blocks: one count for every group, or one per group in kv_spec.cache_groups
+    order), a (conv, recurrent) pair of state pools (num_state_slots slots) per linear-attention layer."""
+
+    def __init__(self, model, num_blocks: int | Sequence[int], block_size: int = 16, kv_cache_dtype: str = "auto",
+                 num_state_slots: int | None = None):
         self.model = model
         self.block_size = block_size
         self.groups = cache_groups(model.kv_layout)
@@ -47,9 +56,12 @@ class ModelRunner:
             raise ValueError(f"{len(counts)} block counts for {len(self.groups)} cache groups")
         self.group_num_blocks = counts
         self.num_blocks = counts[0]
+        self.num_state_slots = model.num_state_slots if num_state_slots is None else num_state_slots
         dtype = np.dtype(kv_storage_dtype(kv_cache_dtype))
-        self.kv_caches = [layer_cache(layer, counts[g], block_size, dtype)
+        self.kv_caches = [layer_cache(layer, counts[g], block_size, dtype) if is_paged(layer)
+                          else state_pools(layer, self.num_state_slots)
                           for layer, g in zip(model.kv_layout, layer_groups(model.kv_layout))]
+        self.state_layers = [i for i, layer in enumerate(model.kv_layout) if not is_paged(layer)]
 
     @property
     def windows(self) -> tuple[int, ...]:
@@ -58,8 +70,17 @@ class ModelRunner:
 
     @staticmethod
     def kv_bytes_per_block(config, block_size: int, kv_cache_dtype: str = "auto") -> int:
+        """One block id's cache in every paged layer (state layers hold none)."""
         from engine.model.registry import architecture
         return layout_bytes_per_block(architecture(config.arch).kv_layout(config), block_size, kv_cache_dtype)
+
+    def copy_states(self, pairs) -> None:
+        """pool[dst] = pool[src] in every linear-attention layer, pair by pair in order (a prefix-cache hit restores
+        the checkpoint at its block boundary into the request's own slot before the step runs)."""
+        for src, dst in pairs:
+            for i in self.state_layers:
+                for pool in self.kv_caches[i]:
+                    pool[dst] = pool[src]
 
     @staticmethod
     def _tables(chunks: list[SeqChunk], g: int) -> list[tuple[int, ...]]:
@@ -82,6 +103,11 @@ class ModelRunner:
 
     def build_batch(self, chunks: list[SeqChunk]) -> BatchMetadata:
         ids, pos, qsl, lens, logit_rows = [], [], [0], [], []
+        state_slots = np.asarray([c.state_slot for c in chunks], np.int32)
+        snap_rows = np.asarray([c.snapshot[0] if c.snapshot else 0 for c in chunks], np.int32)
+        snap_slots = np.asarray([c.snapshot[1] if c.snapshot else 0 for c in chunks], np.int32)
+        if self.state_layers:
+            self._check_states(state_slots, snap_rows, snap_slots)
         for c in chunks:
             n = len(c.token_ids)
             end = c.start + n
@@ -99,7 +125,16 @@ class ModelRunner:
             input_ids=np.concatenate(ids), positions=np.concatenate(pos),
             query_start_loc=np.asarray(qsl, dtype=np.int32), seq_lens=np.asarray(lens, dtype=np.int32),
             block_tables=tables, slot_mapping=slots, logits_indices=np.asarray(logit_rows, dtype=np.int64),
+            state_slots=state_slots, snap_rows=snap_rows, snap_slots=snap_slots,
             group_tables=tuple(self._group_table(chunks, g, pos) for g in range(1, len(self.groups))))
+
+    def _check_states(self, state_slots, snap_rows, snap_slots) -> None:
+        """Each sequence its own slot, snapshots into other slots: the kernels write them from parallel units."""
+        n = self.num_state_slots
+        used = list(state_slots) + [s for r, s in zip(snap_rows, snap_slots) if r > 0]
+        if len(set(used)) != len(used) or any(not 0 <= s < n for s in used):
+            raise ValueError(f"state slots {state_slots.tolist()} (snapshots {snap_slots.tolist()}) must be distinct "
+                             f"and below {n}")
 
     def execute_hidden(self, chunks: list[SeqChunk]) -> list[np.ndarray | None]:
         """Runs one forward pass; returns per chunk the hidden rows its `logits` asks for, or None.

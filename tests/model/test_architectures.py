@@ -27,7 +27,8 @@ def blocks_for(seq: int, n: int, per: int = 8) -> tuple[int, ...]:
 
 def run_batched(model, prompts, kv="fp32", block_size=4):
     runner = ModelRunner(model, num_blocks=40, block_size=block_size, kv_cache_dtype=kv)
-    chunks = [SeqChunk(tuple(p), 0, blocks_for(s, 8), "all") for s, p in enumerate(prompts)]
+    chunks = [SeqChunk(tuple(p), 0, blocks_for(s, 8), "all", state_slot=s + 1)  # each sequence its state slot
+              for s, p in enumerate(prompts)]
     return runner.execute(chunks)
 
 
@@ -81,6 +82,8 @@ def test_quantized_gguf_matches_transformers_on_dequantized_weights(hf_folder, q
     from cpu_kernels.quant.quantize import quantize
     from engine.model.weights import open_weights
     arch, _, _, hf_model = hf_folder
+    if arch in RECURRENT_MOE:  # every row to every expert: no expert choice for rounding to flip
+        hf_model = tiny_model(arch, num_experts_per_tok=hf_model.config.num_experts)
     block = gguf.GGML_QUANT_SIZES[quant][0]
     ref_model = copy.deepcopy(hf_model)
     with torch.no_grad():
@@ -104,7 +107,25 @@ def test_quantized_gguf_matches_transformers_on_dequantized_weights(hf_folder, q
     assert_quantized_close(arch, run_incremental(model, PROMPTS[0], 5), refs[0])
 
 
+# MoE models with recurrent layers: an expert flipped by rounding at a near tie changes the layer's state, and so every
+# later row (in attention models it stays in its row), and the tiny random routers tie often (qwen35moe, layer 0, row 2
+# of PROMPTS[1]: 0.1882 vs 0.1875). Their quantized comparison routes to all experts; the fp32 tests check the top-k.
+RECURRENT_MOE = {"qwen35moe"}
+# qwen3.5: three of its 4 layers are Gated DeltaNet, whose per-head output is RMS-normalised after products q.k of
+# random unit vectors (~1/8 here): the 0.5 % int8 rounding of q and k becomes ~4 % of q.k and the norm keeps it, so
+# hidden states drift 2-3 % per layer. transformers itself, with only its nn.Linear inputs rounded to int8 per 32
+# values, moves the logits by 5.9/4.6 % (qwen35) and 6.9/6.2 % (qwen35moe, experts not rounded) on average (qwen3:
+# 2 %), up to 7.5/13.6 % at the worst logit. ramlm's Q8_0/Q4_K files (which round every matmul input, as llama.cpp
+# does) measured 5.2-5.6 % and 8.6-13 %; an F32 GGUF matches to 3e-6 (tests/model/test_qwen35.py), and value heads in
+# the wrong order give 99-130 %. So these compare the mean error.
+MEAN_TOL = {"qwen35": 0.1, "qwen35moe": 0.2}
+
+
 def assert_quantized_close(arch, got, ref, tol=5e-2):
+    if arch in MEAN_TOL:
+        err = float(np.abs(got - ref).mean() / np.abs(ref).mean())
+        assert err < MEAN_TOL[arch], err
+        return
     if arch in MOE_ARCHES:
         # Quantized paths round activations to int8 per block (as llama.cpp does); the router's top-k is
         # discontinuous, so that 0.5 % error can swap an expert on a row whose router is near a tie.

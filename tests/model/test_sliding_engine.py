@@ -167,12 +167,12 @@ def test_null_entries_out_of_the_window_change_no_bit(hf_and_folder, monkeypatch
     for drop in (False, True):
         runner = ModelRunner(model, (20, 12), block_size=4, kv_cache_dtype="fp32")
         full = tuple(range(1, 11))
-        runner.execute([SeqChunk(prompt, 0, full[:8], "last", (full[:8],))])
+        runner.execute([SeqChunk(prompt, 0, full[:8], "last", group_block_ids=(full[:8],))])
         got = []
         for pos in range(30, 38):  # position p sees p - 4 ..: blocks before (p - 4) // 4 may be null
             ids = full[: pos // 4 + 1]
             sliding = tuple(0 if drop and b < (pos - 4) // 4 else ids[b] for b in range(len(ids)))
-            got.append(runner.execute([SeqChunk((7,), pos, ids, "last", (sliding,))])[0])
+            got.append(runner.execute([SeqChunk((7,), pos, ids, "last", group_block_ids=(sliding,))])[0])
         outs.append(np.concatenate(got))
     assert np.array_equal(outs[0], outs[1])
     assert (calls[0] > 0) == fused

@@ -51,11 +51,23 @@ def tiny_config(arch: str):
             norm_topk_prob=True, rope_parameters={
                 "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "beta_fast": 32.0,
                 "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707, "rope_theta": 10000.0})
+    if arch in ("qwen35", "qwen35moe"):  # 3 Gated DeltaNet layers + 1 gated attention; 4 value heads over 2 key heads
+        cfg = dict(COMMON, num_hidden_layers=4, tie_word_embeddings=False, linear_num_key_heads=2,
+                   linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4,
+                   rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25})
+        if arch == "qwen35":
+            return transformers.Qwen3_5TextConfig(**cfg)
+        cfg.pop("intermediate_size")
+        return transformers.Qwen3_5MoeTextConfig(**cfg, moe_intermediate_size=256, shared_expert_intermediate_size=256,
+                                                 num_experts=8, num_experts_per_tok=2)
     raise KeyError(arch)
 
 
-ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "gpt-oss", "deepseek2"]
-MOE_ARCHES = {"qwen3moe", "glm4moe", "gpt-oss", "deepseek2", "deepseek2-lite"}  # their routers' top-k can flip near ties under quantization
+ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "gpt-oss", "deepseek2", "qwen35",
+          "qwen35moe"]
+# their routers' top-k can flip near ties under quantization
+MOE_ARCHES = {"qwen3moe", "glm4moe", "gpt-oss", "deepseek2", "deepseek2-lite", "qwen35moe"}
+ZERO_CENTRED_NORMS = {"gemma3", "qwen35", "qwen35moe"}  # HF stores w of (1 + w)
 # HF parameters stored as x @ W (input dim before output dim): gpt-oss's experts (other families' fused experts
 # of the same names are (E, N, K)).
 X_AT_W = {"gpt-oss": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")}
@@ -69,25 +81,37 @@ def gguf_rows(arch: str, name: str, p):
     return p.transpose(-1, -2) if name.endswith(X_AT_W.get(arch, ())) else p
 
 
-def tiny_model(arch: str, seed: int = 0):
+def tiny_model(arch: str, seed: int = 0, **overrides):
+    """overrides: config attributes set after tiny_config (num_experts_per_tok=8, ...)."""
     torch.manual_seed(seed)
     cfg = tiny_config(arch)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
     cfg._attn_implementation = "eager"
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    # Random init is tiny (std 0.02): scale norms and weights up so that logits spread and errors show.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(0.0 if arch == "gemma3" else 1.0, 0.1)
-            elif name.endswith("sinks"):  # per-head logits in the score range: some heads give them real weight
-                p.normal_(0.0, 1.0)
-            elif p.ndim >= 2:
-                p.normal_(0.0, 0.08)
-            else:
-                p.normal_(0.0, 0.05)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):  # a buffer: random too, so that it moves the choice
-                b.normal_(0.0, 0.05)
+    return randomize(transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32), arch)
+
+
+@torch.no_grad()
+def randomize(model, arch: str):
+    """Random init is tiny (std 0.02): scale norms and weights up so that logits spread and errors show."""
+    for name, p in model.named_parameters():
+        if "linear_attn.norm" in name:  # Qwen3.5's gated norm: a plain weight
+            p.normal_(1.0, 0.1)
+        elif "norm" in name:
+            p.normal_(0.0 if arch in ZERO_CENTRED_NORMS else 1.0, 0.1)
+        elif name.endswith("sinks"):  # per-head logits in the score range: some heads give them real weight
+            p.normal_(0.0, 1.0)
+        elif name.endswith("A_log"):  # decays exp(-exp(A_log) softplus(.)) spread over (0, 1)
+            p.uniform_(-1.0, 1.0)
+        elif name.endswith("dt_bias"):
+            p.normal_(0.0, 1.0)
+        elif p.ndim >= 2:
+            p.normal_(0.0, 0.08)
+        else:
+            p.normal_(0.0, 0.05)
+    for name, b in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):  # a buffer: random too, so that it moves the choice
+            b.normal_(0.0, 0.05)
     return model.eval()
 
 

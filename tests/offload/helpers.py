@@ -54,7 +54,7 @@ def cpu_runner(path: str, kv: str = "fp32"):
 
 
 def batched(runner, prompts=PROMPTS) -> list[np.ndarray]:
-    chunks = [SeqChunk(tuple(p), 0, blocks_for(s), "all") for s, p in enumerate(prompts)]
+    chunks = [SeqChunk(tuple(p), 0, blocks_for(s), "all", state_slot=s + 1) for s, p in enumerate(prompts)]
     return runner.execute(chunks)
 
 
@@ -69,5 +69,6 @@ def incremental(runner, prompt=PROMPTS[0], split: int = 5) -> np.ndarray:
 
 def decode_batch(runner, prompts=PROMPTS) -> list[np.ndarray]:
     """Prefill both prompts but their last token, then decode those last tokens together in one step."""
-    runner.execute([SeqChunk(tuple(p[:-1]), 0, blocks_for(s), "none") for s, p in enumerate(prompts)])
-    return runner.execute([SeqChunk((p[-1],), len(p) - 1, blocks_for(s), "last") for s, p in enumerate(prompts)])
+    runner.execute([SeqChunk(tuple(p[:-1]), 0, blocks_for(s), "none", state_slot=s + 1) for s, p in enumerate(prompts)])
+    return runner.execute([SeqChunk((p[-1],), len(p) - 1, blocks_for(s), "last", state_slot=s + 1)
+                           for s, p in enumerate(prompts)])

@@ -240,7 +240,8 @@ def test_sliding_window_layers_count_what_their_windows_hold(tmp_path):
     small GPU then holds more context than counting every layer at the pool would leave room for."""
     from engine.core.kv_spec import sliding_pool_blocks
     gemma = synthetic_meta("gemma-3-270m", "q4_k_m")
-    assert gemma.kv_windows.count(512) == 15 and gemma.kv_windows.count(0) == 3
+    windows = [gemma.layer_cache(i).window for i in range(18)]
+    assert windows.count(512) == 15 and windows.count(0) == 3
     per = gemma.kv.bytes_per_block(16, "auto")
     cap = sliding_pool_blocks(512, 16, 4, 2048, 32768)
     assert cap == 4 * (-(-(511 + 2048) // 16) + 1 + 512 // 16) + 1 == 773

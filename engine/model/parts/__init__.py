@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from engine.model.parts.attention import Attention
+from engine.model.parts.delta_net import GatedDeltaNet
 from engine.model.parts.mla import MLA
 from engine.model.parts.mlp import GatedMLP
 from engine.model.parts.moe import MoE
-from engine.model.spec import AttentionSpec, GatedMLPSpec, MLASpec, MoESpec
+from engine.model.spec import AttentionSpec, GatedDeltaNetSpec, GatedMLPSpec, MLASpec, MoESpec
 
-PART_CLASSES = {AttentionSpec: Attention, GatedMLPSpec: GatedMLP, MoESpec: MoE, MLASpec: MLA}
+PART_CLASSES = {AttentionSpec: Attention, GatedMLPSpec: GatedMLP, MoESpec: MoE, MLASpec: MLA,
+                GatedDeltaNetSpec: GatedDeltaNet}
 
 
 def build_part(spec, ws, cfg, prefix: str, batch_invariant: bool, shared: dict):

@@ -1,12 +1,13 @@
 """Self-attention over the paged KV cache (spec.AttentionSpec): q/k/v projections (stacked where they can be),
-optional QK-norm and biases, RoPE, a sliding window, a softcap, attention sinks."""
+optional QK-norm and biases, RoPE, a sliding window, a softcap, attention sinks, and qwen3.5's sigmoid output gate
+(q_proj yields [q_h | gate_h] per head)."""
 from __future__ import annotations
 
 import numpy as np
 
 from cpu_kernels import attention, attention_sdpa, rope
 from cpu_kernels.attention import NO_SINKS
-from cpu_kernels.attn_inputs import attn_inputs
+from cpu_kernels.attn_inputs import attn_inputs, sigmoid_gate
 from cpu_kernels.quant.threads import serial_if, serial_work
 from engine.model.parts.base import Part, packed_linears
 from engine.model.parts.linear import Linear, Projections, has, vector
@@ -33,6 +34,8 @@ class Attention(Part):
         self.batch_invariant = batch_invariant
         self.scale = spec.scale or cfg.head_dim ** -0.5
         self.sliding_window, self.softcap, self.neox = spec.sliding_window, spec.softcap, spec.rope.neox
+        self.output_gate = spec.output_gate
+        self.q_stride = 2 * cfg.head_dim if spec.output_gate else cfg.head_dim  # columns from one q head to the next
         key = ("rope", spec.rope)
         if key not in shared:  # layers with the same RoPE share one table (and one cos/sin per step)
             shared[key] = rope_tables(spec.rope.dim or cfg.head_dim, spec.rope, ws)
@@ -50,7 +53,7 @@ class Attention(Part):
         with small_on_one_thread(qc[0]):
             cos, sin = self.rope_table(meta)
             q = attn_inputs(qc, kc, vc, self.num_heads, *qk, cos, sin, self.neox, k_cache, v_cache,
-                            meta.slot_mapping)
+                            meta.slot_mapping, self.q_stride)
         # Work ~ query rows x context x heads x head_dim (a decode over a short context is tiny).
         work = t * meta.max_seq_len * self.num_heads * self.head_dim
         long_seqs = None if self.batch_invariant or rows is None else rows.bf16_attention(x)
@@ -62,6 +65,8 @@ class Attention(Part):
                 out = attention.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                                 meta.block_tables, self.scale, self.sliding_window, self.softcap,
                                                 long_seqs, self.sinks)
+        if self.output_gate:
+            sigmoid_gate(out, (qc[0], qc[1] + self.head_dim), self.q_stride)
         return self.o(out.reshape(t, self.num_heads * self.head_dim), rows)
 
     def fused(self):
@@ -82,7 +87,8 @@ class Attention(Part):
             tuple(packed(lin.weight) for lin in lins), tuple(int(lin.weight.N) for lin in lins),
             tuple(int(lin.weight.nbytes) for lin in lins),
             tuple(lin.bias if lin.bias is not None else NO_NORM for lin in lins),
-            (k_src, v_src, q0, k0, v0, int(self.num_heads), int(bool(self.neox))),
+            (k_src, v_src, q0, k0, v0, int(self.num_heads), int(bool(self.neox)), int(self.q_stride),
+             int(self.output_gate)),
             (np.ascontiguousarray(qn[0]), np.ascontiguousarray(kn[0])),
             (qn[1], kn[1], float(self.scale), float(self.softcap or 0.0)), int(self.sliding_window or 0),
             self.sinks if self.sinks is not None else NO_SINKS)
