@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from cpu_kernels import activations
-from engine.core.kv_spec import layout_state_bytes
+from engine.core.kv_spec import layer_groups, layout_state_bytes
 from engine.model.block import Block
 from engine.model.config import ModelConfig
 from engine.model.parts.linear import Linear, has
@@ -37,6 +37,7 @@ class DecoderModel:
         # Linear-attention layers keep a state per sequence in a pool of slots (slot 0: scratch for the warm-up and
         # single-sequence callers); the loader sets the engine's count from the cache budget.
         self.num_state_slots = DEFAULT_STATE_SLOTS if layout_state_bytes(self.kv_layout) else 0
+        self.layer_groups = layer_groups(self.kv_layout)  # each layer's cache group (its block tables)
 
     def embed_tokens(self, input_ids: np.ndarray) -> np.ndarray:
         x = self.embed.weight.embed(np.ascontiguousarray(input_ids, dtype=np.int64))
@@ -49,8 +50,9 @@ class DecoderModel:
         """Runs all blocks over the flattened batch; returns hidden states (T, H) before the final norm."""
         x = self.embed_tokens(meta.input_ids)
         meta = dataclasses.replace(meta, rows=RowGroups(meta.query_start_loc, self.prefill_dtype))
-        for block, kv in zip(self.blocks, kv_caches):
-            x = block(x, meta, kv)
+        views = meta.group_views()  # a batch with one table (no group_tables) serves every group
+        for block, kv, g in zip(self.blocks, kv_caches, self.layer_groups):
+            x = block(x, views[g] if g < len(views) else meta, kv)
         return x
 
     def compute_logits(self, hidden: np.ndarray, per_row: bool = False) -> np.ndarray:

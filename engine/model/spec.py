@@ -57,8 +57,8 @@ class AttentionSpec:
         return out
 
     def kv(self, cfg) -> LayerKV:
-        """Its paged cache per token: K and V of every kv head."""
-        return LayerKV(cfg.num_kv_heads, cfg.head_dim)
+        """Its paged cache per token: K and V of every kv head (only the window's last tokens on a sliding layer)."""
+        return LayerKV(cfg.num_kv_heads, cfg.head_dim, window=self.sliding_window)
 
 
 @dataclass(frozen=True)
