@@ -51,11 +51,16 @@ class LLMEngine:
         # --num-cpu-blocks: the plan's RAM tier (None without device KV); preemption swaps into it.
         self.kv_tier = getattr(self.model, "kv_tier", None)
         if self.runner.num_state_slots:  # linear-attention layers: a state per request beside the KV blocks
-            self.kv_manager = HybridKVCacheManager(loaded.num_blocks, args.block_size, args.enable_prefix_caching,
+            if len(self.runner.groups) > 1:
+                raise ValueError("models with both linear-attention and sliding-window layers are not supported "
+                                 "(the state cache keeps one block table per request)")
+            self.kv_manager = HybridKVCacheManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching,
                                                    num_state_slots=self.runner.num_state_slots)
         else:
-            self.kv_manager = KVCacheManager(loaded.num_blocks, args.block_size, args.enable_prefix_caching,
-                                             num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0)
+            self.kv_manager = KVCacheManager(self.runner.group_num_blocks, args.block_size,
+                                             args.enable_prefix_caching,
+                                             num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0,
+                                             windows=self.runner.windows)
         self.scheduler = Scheduler(self.kv_manager, max_num_batched_tokens=args.max_num_batched_tokens,
                                    max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,
                                    enable_chunked_prefill=args.enable_chunked_prefill)
@@ -83,7 +88,7 @@ class LLMEngine:
         warm-up from 0.7 to 2.5 s; started after it, the first token waited 0.3 s)."""
         from cpu_kernels.quant.linear import GEMV_MAX_M
         bs = self.runner.block_size
-        n = min(GEMV_MAX_M, (self.runner.num_blocks - 1) * bs - 1)
+        n = min(GEMV_MAX_M, (min(self.runner.group_num_blocks) - 1) * bs - 1)  # blocks every group has
         if n < 2:
             return
         blocks = tuple(range(1, 1 + (n + 1 + bs - 1) // bs))
@@ -232,7 +237,8 @@ class LLMEngine:
                 prompt_lp = child.prompt_logprobs is not None and s.start_pos < child.request.num_prompt_tokens - 1
                 chunks.append(SeqChunk(s.token_ids, s.start_pos, s.block_ids,
                                        "all" if prompt_lp else ("last" if s.sample else "none"),
-                                       state_slot=max(s.state_slot, 0), snapshot=s.state_snapshot))
+                                       state_slot=max(s.state_slot, 0), snapshot=s.state_snapshot,
+                                       group_block_ids=s.group_block_ids))
             except Exception as e:
                 self._fail(s.req_id, e, failures)
                 continue

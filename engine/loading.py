@@ -21,7 +21,7 @@ class Loaded:
     tokenizer: object
     model_path: str
     max_model_len: int
-    num_blocks: int
+    num_blocks: tuple[int, ...]  # KV blocks per cache group (core/kv_spec.cache_groups), null block included
 
 
 def configure_threads(num_threads: int | None) -> None:
@@ -118,8 +118,8 @@ def load_everything(args: EngineArgs) -> Loaded:
     num_blocks = kv_pool_blocks(args, cfg, max_model_len, weight_bytes, model.num_state_slots * state_bytes)
     # Offload hook (issue 6): plan and apply the RAM/GPU placement; it may shrink the KV pool to what fits.
     from offload import apply_placement
-    num_blocks = apply_placement(args, model, max_model_len, num_blocks)
-    if num_blocks < 2:
+    num_blocks = apply_placement(args, model, max_model_len, num_blocks)  # split per cache group
+    if min(num_blocks) < 2:
         per = ModelRunner.kv_bytes_per_block(cfg, args.block_size, args.kv_cache_dtype)
-        raise ValueError(f"the KV cache budget holds {num_blocks} blocks of {per} bytes; give more kv_cache_memory")
+        raise ValueError(f"the KV cache budget holds {min(num_blocks)} blocks of {per} bytes; give more kv_cache_memory")
     return Loaded(model, cfg, tokenizer, path, max_model_len, num_blocks)

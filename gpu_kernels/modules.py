@@ -61,9 +61,13 @@ class DeviceContext:
         return np.ascontiguousarray(t.detach().to(torch.float32).cpu().numpy())
 
     def batch(self, meta) -> "DeviceBatch":
-        if meta is not self._meta:
-            self._meta, self._batch = meta, DeviceBatch(meta, self.device)
-        return self._batch
+        """The step's metadata on this device; each cache group's view of one step (its own block tables and
+        slots, the same step_cache) is uploaded once per step too."""
+        if self._meta is None or meta.step_cache is not self._meta:
+            self._meta, self._batch = meta.step_cache, {}
+        if id(meta) not in self._batch:
+            self._batch[id(meta)] = (meta, DeviceBatch(meta, self.device))  # meta kept: its id stays unique
+        return self._batch[id(meta)][1]
 
 
 class DeviceBatch:

@@ -15,8 +15,8 @@ def apply_plan(*args, **kwargs):
     return _apply(*args, **kwargs)
 
 
-def apply_placement(args, model, max_model_len: int, num_blocks: int) -> int:
-    """offload.apply.apply_placement: the load hook (see engine/loading.py)."""
+def apply_placement(args, model, max_model_len: int, num_blocks: int) -> tuple[int, ...]:
+    """offload.apply.apply_placement: the load hook (see engine/loading.py); blocks per cache group."""
     from offload.apply import apply_placement as _apply
     return _apply(args, model, max_model_len, num_blocks)
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Sequence
 
-from engine.core.kv_spec import is_paged, kv_storage_dtype
+from engine.core.kv_spec import cache_groups, group_counts, is_paged, kv_storage_dtype, layer_groups, split_pool
 from offload.plan_types import PlacementPlan, PlanOptions
 
 logger = logging.getLogger("ramlm.offload")
@@ -62,14 +63,15 @@ class Placement:
             torch.cuda.empty_cache()
 
 
-def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto",
-               runner=None, keep_originals: bool = False) -> Placement:
+def apply_plan(model, plan: PlacementPlan, *, num_blocks: int | Sequence[int], block_size: int,
+               kv_cache_dtype: str = "auto", runner=None, keep_originals: bool = False) -> Placement:
     """Moves the plan's GPU layers (and output matrix) onto its device.
 
     Args:
         model: a DecoderModel from engine.model.loader.load_model (model.weights is its WeightSource).
         plan: from offload.plan for this model's weights.
-        num_blocks, block_size, kv_cache_dtype: the KV pool (the same block ids as the runner's).
+        num_blocks, block_size, kv_cache_dtype: the KV pool (the same block ids as the runner's): one count,
+            or one per cache group (core/kv_spec.cache_groups), each layer's cache sized by its group's.
         runner: a ModelRunner over this model: its kv_caches[i] of device-KV layers are swapped for the
             device tensors (without a runner, each device block owns its KV and ignores the numpy pair).
         keep_originals: keep the CPU blocks so Placement.undo() can restore them (benchmarks).
@@ -92,6 +94,8 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
     # each layer's cache (V is K for MLA: one tensor; state pools for linear attention; a KV-shared layer: none)
     layout = model.kv_layout
     _check_shared_kv(plan.layers, layout)
+    groups = layer_groups(layout)
+    counts = (num_blocks,) * (max(groups) + 1) if isinstance(num_blocks, int) else tuple(num_blocks)
     patches, runner_kv, device_kv = [], {}, {}
     with torch.no_grad():
         for lp in plan.layers:
@@ -108,7 +112,7 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int, block_size: int, 
                     runner_kv[i], runner.kv_caches[i] = runner.kv_caches[i], kv
             elif lp.kv_device != "cpu":
                 if is_paged(layout[i]):
-                    shape = layout[i].block_shape(num_blocks, block_size)
+                    shape = layout[i].block_shape(counts[groups[i]], block_size)
                     k = torch.zeros(shape, dtype=kv_dtype, device=ctx.device)
                     kv = (k, k if layout[i].v_is_k else torch.zeros(shape, dtype=kv_dtype, device=ctx.device))
                 else:  # a linear-attention layer: its float32 state pools, one slot per state slot id
@@ -185,13 +189,28 @@ def placement_options(args, max_model_len: int, num_blocks: int) -> PlanOptions:
     return PlanOptions.from_args(args, max_model_len=max_model_len, kv_pool_blocks=num_blocks)
 
 
-def apply_placement(args, model, max_model_len: int, num_blocks: int) -> int:
-    """The load hook: plan from EngineArgs and apply. Returns the KV pool size to allocate (the plan may
-    shrink it to what fits beside the weights on the GPU). No GPU asked for: returns at once, no torch."""
+def group_blocks(args, model, max_model_len: int, num_blocks: int, planned: bool = False) -> tuple[int, ...]:
+    """The pool of num_blocks blocks in every layer, per cache group. In RAM (core/kv_spec.split_pool) sliding groups
+    get what max_num_seqs requests hold and the full ones the rest of the bytes; a GPU plan (planned) counted the
+    full groups at num_blocks and the sliding ones at what they use (kv_spec.group_counts), which is what they get.
+    num_gpu_blocks_override gives every group that many."""
+    if getattr(args, "num_gpu_blocks_override", None):
+        return (int(num_blocks),) * len(cache_groups(model.kv_layout))
+    if planned:
+        return group_counts(model.kv_layout, num_blocks, args.block_size, max_model_len, args.max_num_seqs,
+                            args.max_num_batched_tokens)
+    return split_pool(model.kv_layout, num_blocks, args.block_size, args.kv_cache_dtype, max_model_len,
+                      args.max_num_seqs, args.max_num_batched_tokens)
+
+
+def apply_placement(args, model, max_model_len: int, num_blocks: int) -> tuple[int, ...]:
+    """The load hook: plan from EngineArgs and apply. Returns the KV blocks to allocate per cache group (the plan
+    may shrink the pool to what fits beside the weights on the GPU; group_blocks splits it). No GPU asked for:
+    returns at once, no torch."""
     opts = replace(placement_options(args, max_model_len, num_blocks),
                    num_state_slots=getattr(model, "num_state_slots", 0) or None)
     if not opts.wants_gpu():
-        return num_blocks
+        return group_blocks(args, model, max_model_len, num_blocks)
     from offload.devices import load_devices, normalize_device, probe_devices
     from offload.meta import model_meta
     from offload.planner import plan as make_plan
@@ -208,8 +227,9 @@ def apply_placement(args, model, max_model_len: int, num_blocks: int) -> int:
     if getattr(args, "batch_invariant", False) and p.uses_gpu():
         logger.warning("batch_invariant: layers on %s are not batch-invariant (torch picks kernels by shape)",
                        p.gpu_device)
-    apply_plan(model, p, num_blocks=p.kv.num_blocks, block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype)
-    return p.kv.num_blocks
+    counts = group_blocks(args, model, max_model_len, p.kv.num_blocks, planned=p.uses_gpu())
+    apply_plan(model, p, num_blocks=counts, block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype)
+    return counts
 
 
 __all__ = ["Placement", "apply_plan", "apply_placement", "bind_runner", "torch_device"]

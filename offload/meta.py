@@ -150,7 +150,8 @@ SHAPES: dict[str, dict] = {
                               moe_intermediate_size=768),
     "gpt-oss-20b": dict(arch="gpt-oss", num_layers=24, hidden_size=2880, intermediate_size=2880, num_heads=64,
                         num_kv_heads=8, head_dim=64, vocab_size=201088, max_position_embeddings=131072,
-                        num_experts=32, num_experts_per_tok=4, moe_intermediate_size=2880),
+                        num_experts=32, num_experts_per_tok=4, moe_intermediate_size=2880,
+                        layer_sliding_window=tuple(128 if i % 2 == 0 else 0 for i in range(24))),
     # DeepSeek-V3's dims with 3 of its 61 layers (one dense, two MoE): the latent cache, 256 experts
     "deepseek-v3-3l": dict(arch="deepseek2", num_layers=3, hidden_size=7168, intermediate_size=18432, num_heads=128,
                            num_kv_heads=1, head_dim=192, vocab_size=129280, max_position_embeddings=163840,
@@ -165,7 +166,7 @@ SHAPES: dict[str, dict] = {
                            layer_sliding_window=tuple(0 if (i + 1) % 6 == 0 else 1024 for i in range(30))),
     "gemma-3-270m": dict(arch="gemma3", num_layers=18, hidden_size=640, intermediate_size=2048, num_heads=4,
                          num_kv_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
-                         tie_word_embeddings=True),
+                         tie_word_embeddings=True, layer_sliding_window=tuple(0 if i % 6 == 5 else 512 for i in range(18))),
     # Qwen3.5/3.6: three Gated DeltaNet layers (a state per sequence, no KV) for every gated-attention layer
     "qwen3.5-27b": dict(arch="qwen35", num_layers=64, hidden_size=5120, intermediate_size=17408, num_heads=24,
                         num_kv_heads=4, head_dim=256, vocab_size=248320, max_position_embeddings=262144,

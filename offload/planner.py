@@ -272,11 +272,11 @@ class _Planner(SizeModel):
         kv_layers = self.gpu_kv_layers(choices)  # (need counted the GPU's state pools already)
         if not kv_layers:
             return blocks, why
-        fit = (self.budget - need.total) // (self.block_layer_bytes * kv_layers)
-        if fit >= blocks:
+        if self.kv_bytes(blocks, kv_layers) <= self.budget - need.total:
             return blocks, why
+        fit = self.blocks_within(self.budget - need.total, kv_layers, blocks)
         if self.o.num_gpu_blocks_override:
-            raise ValueError(f"num_gpu_blocks_override {blocks}: {g} holds only {fit} blocks for its {kv_layers} "
+            raise ValueError(f"num_gpu_blocks_override {blocks}: {g} holds only {fit} blocks for its {len(kv_layers)} "
                              "layers after the weights")
         if fit < 2:
             raise ValueError(f"n_gpu_layers {self.o.n_gpu_layers}: no room left on {g} for KV blocks "
@@ -302,7 +302,8 @@ class _Planner(SizeModel):
         finally:
             self.ignore_rules = False
         if o.kv_offload:
-            everything = replace(everything, kv=blocks * self.block_layer_bytes * self.n_kv_layers
+            kv_layers = [i for i in range(self.L) if self.kv_flags[i]]
+            everything = replace(everything, kv=self.kv_bytes(blocks, kv_layers)
                                  + self.state_slots * sum(self.m.state_bytes_of(i) for i in range(self.L)))
         if everything.total <= self.budget:
             self.warnings.append(
@@ -355,14 +356,15 @@ class _Planner(SizeModel):
         usage = []
         T = o.max_num_batched_tokens
         cpu_work = T * (4 * m.hidden_size + 3 * max(m.intermediate_size, m.moe_intermediate_size)) * 4
+        ram_kv = self.kv_bytes(blocks, [lp.index for lp in layers if lp.kv_device == "cpu" and self.kv_flags[lp.index]])
         ram_use = DeviceUsage("cpu", self.ram.free_bytes, ram_w,
                               # the tier holds a swapped block's KV in every layer (one block id space)
-                              blocks * per * kv_by.get("cpu", 0) + tier * per * self.n_kv_layers
-                              + self.state_bytes(choices, False), cpu_work)
+                              ram_kv + tier * per * self.n_kv_layers + self.state_bytes(choices, False), cpu_work)
         usage.append(ram_use)
         if g is not None and (gpu_w or gpu_kv_layers or out_gpu):
-            dev_use = DeviceUsage(gname, self.budget, gpu_w, blocks * per * gpu_kv_layers
-                                  + self.state_bytes(choices, True),
+            dev_kv = self.kv_bytes(blocks, [lp.index for lp in layers
+                                            if lp.kv_device != "cpu" and self.kv_flags[lp.index]])
+            dev_use = DeviceUsage(gname, self.budget, gpu_w, dev_kv + self.state_bytes(choices, True),
                                   self.work_bytes(choices, out_gpu), self.margin())
             usage.append(dev_use)
             if g.shared_with_host and ram_use.total + dev_use.total > self.ram.free_bytes:
@@ -371,7 +373,10 @@ class _Planner(SizeModel):
         if ram_use.total > self.ram.free_bytes:
             self.warnings.append(f"the RAM side needs {gib(ram_use.total)}, more than the {gib(self.ram.free_bytes)} "
                                  "available (GGUF pages are mapped and can be paged out, repacked weights cannot)")
-        self.reasons.append(f"KV: {blocks} blocks of {o.block_size} tokens per layer (limited by {why}); "
+        caps = sorted({c for c in self.layer_cap if c is not None and c < blocks})
+        self.reasons.append(f"KV: {blocks} blocks of {o.block_size} tokens per layer (limited by {why}"
+                            + (f"; sliding-window layers hold at most {caps[-1]}, what {o.max_num_seqs} "
+                               "requests' windows need" if caps else "") + "); "
                             + ", ".join(f"{n} layer(s) in {'RAM' if d == 'cpu' else d}" for d, n in kv_by.items())
                             + (" (--kv-offload: attention of GPU layers runs on the CPU over it)" if o.kv_offload
                                and gpu_kv_layers == 0 and len(kv_by) else "")

@@ -2,7 +2,8 @@
 
 Bytes on a GPU: packed GGUF blocks as stored, or numel x the dtype dequantized to; norms, biases and MoE
 routers in float32. KV: 2 (K and V; 1 where V is K, MLA's latent) x block_size x kv heads x head_dim x the KV dtype
-per block per layer (ModelMeta.kv, from the architecture's BlockSpecs). Work:
+per block per layer (ModelMeta.kv, from the architecture's BlockSpecs), in as many blocks as the pool has on full
+attention layers and at most what max_num_seqs requests' windows need on sliding ones (kv_bytes). Work:
 activations of max_num_batched_tokens rows, attention scratch, dequantization tiles, staging for
 streamed layers and the logits of the rows that sample. Margin: the runtime's own (CUDA context).
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import math
 
-from engine.core.kv_spec import KV_RAM_FRACTION
+from engine.core.kv_spec import KV_RAM_FRACTION, sliding_pool_blocks
 from offload.devices import Devices, DeviceInfo
 from offload.meta import ModelMeta, TensorMeta
 from offload.plan_types import GIB, DeviceUsage, PlanOptions, gib
@@ -97,8 +98,30 @@ class SizeModel:
         self.floor_blocks = min(self.need_blocks, math.ceil(self.floor_tokens / o.block_size) + 1)
         if o.num_gpu_blocks_override:
             self.need_blocks = self.floor_blocks = int(o.num_gpu_blocks_override)
+        # Per layer, the most blocks it holds (None: as many as the pool): a sliding layer's group frees the blocks
+        # that leave its window (core/kv_cache.py), so it holds what max_num_seqs requests' windows need.
+        self.layer_cap = [None if not w or o.num_gpu_blocks_override else
+                          sliding_pool_blocks(w, o.block_size, o.max_num_seqs, o.max_num_batched_tokens,
+                                              self.max_model_len)
+                          for w in (getattr(meta.layer_cache(i), "window", 0) for i in range(self.L))]
 
     # ------------------------------------------------------------ KV
+    def kv_bytes(self, blocks: int, layers) -> int:
+        """KV bytes of a pool of `blocks` blocks in the given layers (a sliding layer's capped at what it uses)."""
+        cap = self.layer_cap
+        return sum(self.block_layer_bytes * (blocks if cap[i] is None else min(blocks, cap[i])) for i in layers)
+
+    def blocks_within(self, budget: int, layers, most: int) -> int:
+        """The largest pool (at most `most` blocks) whose KV in `layers` fits `budget` bytes."""
+        lo, hi = 0, most
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.kv_bytes(mid, layers) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def ram_kv_budget(self) -> tuple[int, str]:
         """Bytes of RAM the KV may take, and what set them."""
         o, m = self.o, self.m
@@ -110,15 +133,17 @@ class SizeModel:
         return (int(max(self.ram.free_bytes - m.total_bytes, 1 << 28) * KV_RAM_FRACTION),
                 f"{KV_RAM_FRACTION:.0%} of the RAM left after the weights")
 
-    def host_kv_layers(self, choices: list[_Choice]) -> int:
+    def host_kv_layers(self, choices: list[_Choice]) -> list[int]:
         """Layers whose KV sits in host RAM: CPU layers, GPU layers with --kv-offload, all of them when the
         GPU's memory is the host's (torch's CPU device, APUs)."""
         shared = self.gpu is not None and self.gpu.shared_with_host
-        return sum(f and (c.device == "cpu" or self.o.kv_offload or shared) for f, c in zip(self.kv_flags, choices))
+        return [i for i, (f, c) in enumerate(zip(self.kv_flags, choices))
+                if f and (c.device == "cpu" or self.o.kv_offload or shared)]
 
-    def gpu_kv_layers(self, choices: list[_Choice]) -> int:
+    def gpu_kv_layers(self, choices: list[_Choice]) -> list[int]:
         """Layers whose KV blocks live on the GPU."""
-        return 0 if self.o.kv_offload else sum(f and c.device == "gpu" for f, c in zip(self.kv_flags, choices))
+        return [] if self.o.kv_offload else [i for i, (f, c) in enumerate(zip(self.kv_flags, choices))
+                                             if f and c.device == "gpu"]
 
     def state_bytes(self, choices: list[_Choice], on_gpu: bool) -> int:
         """The state pools of the linear-attention layers whose states live on the GPU (on_gpu) or in RAM."""
@@ -134,8 +159,9 @@ class SizeModel:
             return self.need_blocks, "num_gpu_blocks_override"
         host = self.host_kv_layers(choices)
         budget, what = self.ram_kv_budget()
-        if host and budget // (self.block_layer_bytes * host) < self.need_blocks:
-            return int(budget // (self.block_layer_bytes * host)), f"{what}: {gib(budget)} for {host} layer(s)"
+        if host and self.kv_bytes(self.need_blocks, host) > budget:
+            fit = self.blocks_within(budget, host, self.need_blocks)
+            return fit, f"{what}: {gib(budget)} for {len(host)} layer(s)"
         return self.need_blocks, f"max_model_len {self.max_model_len} x max_num_seqs {o.max_num_seqs}"
 
     # ------------------------------------------------------------ sizes
@@ -244,7 +270,7 @@ class SizeModel:
 
     def gpu_need(self, choices, out_gpu: bool, out_fmt: str, blocks: int) -> DeviceUsage:
         w = sum(self.layer_bytes(i, c)[1] for i, c in enumerate(choices)) + self.output_bytes(out_gpu, out_fmt)[1]
-        kv = blocks * self.block_layer_bytes * self.gpu_kv_layers(choices) + self.state_bytes(choices, True)
+        kv = self.kv_bytes(blocks, self.gpu_kv_layers(choices)) + self.state_bytes(choices, True)
         return DeviceUsage(self.gpu.name, self.budget, w, kv,
                            self.work_bytes(choices, out_gpu), self.margin())
 

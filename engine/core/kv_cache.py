@@ -29,142 +29,64 @@ scheduler's no-livelock argument still holds. Shared blocks are full and compute
 Hashed blocks stay in the hash map after the swap-out (free, findable) until evicted. swap_in gives the
 request fresh private blocks, one per host block, in block-table order; their hashes are published again
 by cache_blocks (a hash still cached elsewhere keeps that block, and the copy stays private).
+
+Cache groups (vLLM v1's KV cache groups, core/kv_spec.cache_groups): layers are grouped by sliding window (0 = full
+attention, group 0 when there is one); each group has its own BlockPool and block ids, and each request one block
+table per group (Request.block_tables; block_ids is group 0's). A sliding group's table keeps its length (position
+p's block is still table[p // block_size]) but the blocks wholly before `first position - window + 1` of a step are
+freed and their entries set to the null block as the request advances (allocate_slots), so a request holds about
+window + step tokens there. Freed blocks were published when computed and stay findable until evicted. A prefix hit
+of e blocks needs the full groups' blocks 0..e-1 and, in a sliding group, only the cdiv(window - 1, block_size)
+blocks before e (what position e * block_size sees); the hit is shortened until every group has its blocks. The
+RAM tier swaps one table per request: it is refused where a group slides.
 """
 from __future__ import annotations
 
-import hashlib
-import pickle
-from collections import OrderedDict
-from dataclasses import dataclass
+from typing import Sequence
 
+from engine.core.block_pool import (NULL_BLOCK_ID, ROOT_HASH, BlockPool, KVCacheBlock,  # noqa: F401 (re-exported)
+                                    cdiv, hash_block_tokens)
 from engine.core.kv_swap import SwapSpace
 from engine.core.request import Request
 
-NULL_BLOCK_ID = 0
-ROOT_HASH = hashlib.sha256(b"ramlm-prefix-cache-v1").digest()
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def hash_block_tokens(parent_hash: bytes | None, token_ids: tuple[int, ...] | list[int],
-                      extra_keys: tuple = ()) -> bytes:
-    """Chain hash of one full block; stable across processes (tests assert exact reuse)."""
-    payload = pickle.dumps((parent_hash or ROOT_HASH, tuple(token_ids), tuple(extra_keys)), protocol=4)
-    return hashlib.sha256(payload).digest()
-
-
-@dataclass(eq=False)
-class KVCacheBlock:
-    block_id: int
-    ref_cnt: int = 0
-    block_hash: bytes | None = None  # set while the block is in the hash map
-
-
-class BlockPool:
-    """num_blocks blocks of block_size token slots; block 0 reserved as the null block."""
-
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
-        if num_blocks < 2:
-            raise ValueError(f"the KV cache needs at least 2 blocks (1 usable + the null block), got {num_blocks}")
-        if block_size < 1:
-            raise ValueError(f"block_size must be positive, got {block_size}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.enable_caching = enable_caching
-        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.blocks[NULL_BLOCK_ID].ref_cnt = 1  # permanently held
-        # block_id -> block, head = next to reuse (least recently freed cached block).
-        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(
-            (b.block_id, b) for b in self.blocks[1:])
-        self.cached: dict[bytes, KVCacheBlock] = {}
-        self.on_evict = None  # called with the hash of each cached block the pool reuses (hybrid_cache.py)
-
-    @property
-    def num_usable_blocks(self) -> int:
-        return self.num_blocks - 1
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks with ref 0, cached or not (a cached one is evicted when needed)."""
-        return len(self.free_queue)
-
-    @property
-    def usage(self) -> float:
-        """Fraction of usable blocks held by some request."""
-        return 1.0 - self.num_free_blocks / self.num_usable_blocks
-
-    def free_block_ids(self) -> list[int]:
-        """The free list from head (reused first) to tail."""
-        return list(self.free_queue)
-
-    def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
-        return self.cached.get(block_hash)
-
-    def touch(self, blocks: list[KVCacheBlock]) -> None:
-        """Takes a reference on prefix-hit blocks; a free one leaves the free list."""
-        for b in blocks:
-            if b.ref_cnt == 0:
-                del self.free_queue[b.block_id]
-            b.ref_cnt += 1
-
-    def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
-        """Pops n blocks from the head of the free list, evicting their cached content."""
-        if n > self.num_free_blocks:
-            raise RuntimeError(f"asked for {n} blocks, {self.num_free_blocks} free")
-        out = []
-        for _ in range(n):
-            _, b = self.free_queue.popitem(last=False)
-            if b.block_hash is not None:
-                if self.cached.get(b.block_hash) is b:
-                    del self.cached[b.block_hash]
-                    if self.on_evict is not None:
-                        self.on_evict(b.block_hash)
-                b.block_hash = None
-            b.ref_cnt = 1
-            out.append(b)
-        return out
-
-    def free_blocks(self, blocks: list[KVCacheBlock]) -> None:
-        """Drops one reference from each block, in the given order; see the module doc for placement."""
-        for b in blocks:
-            b.ref_cnt -= 1
-            assert b.ref_cnt >= 0, f"block {b.block_id} freed twice"
-            if b.ref_cnt == 0:
-                self.free_queue[b.block_id] = b
-                if b.block_hash is None:
-                    self.free_queue.move_to_end(b.block_id, last=False)
-
-    def cache_block(self, block: KVCacheBlock, block_hash: bytes) -> None:
-        """Publishes a computed full block; a duplicate of an already cached hash stays private."""
-        if not self.enable_caching or block.block_hash is not None or block_hash in self.cached:
-            return
-        block.block_hash = block_hash
-        self.cached[block_hash] = block
-
-    def reset_prefix_cache(self) -> None:
-        """Forgets every hash (blocks in use stay allocated, they just cannot be hit any more)."""
-        for b in self.cached.values():
-            b.block_hash = None
-        self.cached.clear()
-
 
 class KVCacheManager:
-    """Allocates blocks to requests (stored on request.block_ids) with prefix caching."""
+    """Allocates blocks to requests (stored on request.block_tables, one table per cache group) with prefix caching.
 
-    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
-                 num_cpu_blocks: int = 0):
+    Args:
+        num_blocks: blocks of every group's pool (null block included): one count for all, or one per group.
+        windows: each group's sliding window (0 = full attention), group 0 first (kv_spec.cache_groups order).
+        num_cpu_blocks: the RAM tier's host blocks (0: preemption recomputes); refused where a group slides.
+    """
+
+    def __init__(self, num_blocks: int | Sequence[int], block_size: int = 16, enable_prefix_caching: bool = True,
+                 num_cpu_blocks: int = 0, windows: Sequence[int] = (0,)):
+        self.windows = tuple(int(w) for w in windows)
+        counts = (num_blocks,) * len(self.windows) if isinstance(num_blocks, int) else tuple(num_blocks)
+        if len(counts) != len(self.windows):
+            raise ValueError(f"{len(counts)} block counts for {len(self.windows)} cache groups")
+        if num_cpu_blocks and any(self.windows):
+            raise ValueError("the RAM tier (num_cpu_blocks) is not supported for models with sliding-window layers "
+                             "(their cache groups free blocks as requests advance); leave num_cpu_blocks at 0, "
+                             "preemption then recomputes")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching)
+        self.pools = [BlockPool(n, block_size, enable_prefix_caching) for n in counts]
+        self.pool = self.pools[0]
+        # Sliding groups: blocks before the window of position e * block_size, per hit of e blocks.
+        self._window_blocks = [cdiv(w - 1, block_size) if w else None for w in self.windows]
         self.swap_space = SwapSpace(num_cpu_blocks)  # empty (0 blocks): preemption recomputes
         self._num_cached_blocks: dict[str, int] = {}  # request id -> leading blocks already in the hash map
+        self._num_skipped: dict[str, list[int]] = {}  # request id -> per group, leading entries set to null
         self._pending_stats: dict[str, tuple[int, int]] = {}
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
 
-    # ---- sizes and stats ----
+    # ---- sizes and stats (group 0's pool; usage: the fullest group's) ----
+    @property
+    def num_groups(self) -> int:
+        return len(self.pools)
+
     @property
     def num_blocks(self) -> int:
         return self.pool.num_blocks
@@ -179,7 +101,7 @@ class KVCacheManager:
 
     @property
     def usage(self) -> float:
-        return self.pool.usage
+        return max(p.usage for p in self.pools)
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -187,6 +109,21 @@ class KVCacheManager:
 
     def blocks_needed(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)
+
+    def group_blocks_held(self, g: int, num_tokens: int, max_step_tokens: int) -> int:
+        """Most blocks of group g a request with num_tokens of KV holds at once, in steps of max_step_tokens."""
+        need = self.blocks_needed(num_tokens)
+        w = self.windows[g]
+        return need if not w else min(need, cdiv(w - 1 + max_step_tokens, self.block_size) + 1)
+
+    def shortfall_alone(self, num_tokens: int, max_step_tokens: int) -> tuple[int, int] | None:
+        """(blocks needed, blocks usable) of the first group whose whole pool cannot hold one request of num_tokens,
+        or None where every group can."""
+        for g, pool in enumerate(self.pools):
+            need = self.group_blocks_held(g, num_tokens, max_step_tokens)
+            if need > pool.num_usable_blocks:
+                return need, pool.num_usable_blocks
+        return None
 
     # ---- hashing ----
     def block_hashes(self, request: Request) -> list[bytes]:
@@ -200,71 +137,149 @@ class KVCacheManager:
             hashes.append(hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs], extra))
         return hashes
 
-    # ---- allocation ----
-    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
-        """Longest cached prefix of a request that holds no blocks yet.
+    # ---- prefix hits ----
+    def _hit_len(self, g: int, hashes: list[bytes], max_blocks: int) -> int:
+        """Longest hit of at most max_blocks blocks that group g holds: every block before it (full attention), or
+        the window's blocks just before it (sliding; scanned from the right as vLLM's SlidingWindowManager does)."""
+        pool, need = self.pools[g], self._window_blocks[g]
+        if need is None:
+            n = 0
+            while n < max_blocks and pool.get_cached_block(hashes[n]) is not None:
+                n += 1
+            return n
+        if need == 0:
+            return max_blocks
+        run = 0
+        for i in range(max_blocks - 1, -1, -1):
+            if pool.get_cached_block(hashes[i]) is None:
+                run = 0
+                continue
+            run += 1
+            if run == need:
+                return i + need
+        return run  # blocks 0..run-1, fewer than the window's: all a hit of run blocks sees
 
-        Returns (block ids, num computed tokens), a whole number of blocks and never the whole
+    def _hit_table(self, g: int, hashes: list[bytes], num_blocks: int) -> list[int]:
+        """Group g's table for a hit of num_blocks blocks (null where a sliding group no longer needs a block)."""
+        skip = 0 if self._window_blocks[g] is None else max(0, num_blocks - self._window_blocks[g])
+        pool = self.pools[g]
+        return [NULL_BLOCK_ID] * skip + [pool.get_cached_block(h).block_id for h in hashes[skip:num_blocks]]
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        """Longest cached prefix of a request that holds no blocks yet, in every group.
+
+        Returns (group 0's block ids, num computed tokens), a whole number of blocks and never the whole
         prompt: at least the last token is recomputed so that it yields logits. Takes no reference;
-        pass the result straight to allocate_slots.
+        pass the result straight to allocate_slots (which finds the other groups' blocks of the same hit).
         """
         if (not self.enable_prefix_caching
                 or getattr(request.sampling_params, "prompt_logprobs", None) is not None):
             return [], 0
-        max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        hit: list[int] = []
-        for h in self.block_hashes(request)[:max_hit_blocks]:
-            b = self.pool.get_cached_block(h)
-            if b is None:
+        hashes = self.block_hashes(request)
+        n = min((request.num_tokens - 1) // self.block_size, len(hashes))
+        while True:  # a sliding group may shorten the hit, and a shorter hit may need other window blocks
+            m = n
+            for g in range(self.num_groups):
+                m = self._hit_len(g, hashes, m)
+            if m == n:
                 break
-            hit.append(b.block_id)
-        num_hit_tokens = len(hit) * self.block_size
-        self._pending_stats[request.request_id] = (request.num_tokens, num_hit_tokens)
-        return hit, num_hit_tokens
+            n = m
+        self._pending_stats[request.request_id] = (request.num_tokens, n * self.block_size)
+        return self._hit_table(0, hashes, n), n * self.block_size
+
+    # ---- allocation ----
+    def _tables(self, request: Request) -> list[list[int]]:
+        tables = request.block_tables
+        while len(tables) < self.num_groups:
+            tables.append([])
+        return tables
+
+    def _skippable(self, request: Request, g: int, first_pos: int) -> tuple[int, int]:
+        """Entries [from, to) of a sliding group's table wholly before the window of position first_pos, still held."""
+        w = self.windows[g]
+        if not w:
+            return 0, 0
+        done = self._num_skipped.get(request.request_id, [0] * self.num_groups)[g]
+        to = min(max(0, first_pos - w + 1) // self.block_size, len(request.block_tables[g]))
+        return done, max(done, to)
+
+    def _num_blocks_short(self, request, num_new_tokens, num_new_computed_tokens, new_computed_block_ids) -> int:
+        """The largest shortfall of blocks over the groups (<= 0: everything fits)."""
+        tables = self._tables(request)
+        total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        n_hit = len(new_computed_block_ids)
+        hashes = self.block_hashes(request) if n_hit else []
+        short = -(1 << 62)
+        for g, pool in enumerate(self.pools):
+            hit = self._hit_table(g, hashes, n_hit) if g else list(new_computed_block_ids)
+            num_new = max(self.blocks_needed(total) - len(tables[g]) - len(hit), 0)
+            # A hit on a free cached block takes it off the free list too; skipped blocks we alone hold come back.
+            revived = sum(1 for i in hit if i != NULL_BLOCK_ID and pool.blocks[i].ref_cnt == 0)
+            lo, hi = self._skippable(request, g, request.num_computed_tokens)
+            freed = sum(1 for i in tables[g][lo:hi] if i != NULL_BLOCK_ID and pool.blocks[i].ref_cnt == 1)
+            short = max(short, num_new + revived - freed - pool.num_free_blocks)
+        return short
 
     def can_allocate(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                      new_computed_block_ids: list[int] = ()) -> bool:
         return self._num_blocks_short(request, num_new_tokens, num_new_computed_tokens,
                                       new_computed_block_ids) <= 0
 
-    def _num_blocks_short(self, request, num_new_tokens, num_new_computed_tokens, new_computed_block_ids) -> int:
-        total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-        num_new_blocks = self.blocks_needed(total) - len(request.block_ids) - len(new_computed_block_ids)
-        # A hit on a free cached block takes it off the free list too.
-        num_revived = sum(1 for i in new_computed_block_ids if self.pool.blocks[i].ref_cnt == 0)
-        return max(num_new_blocks, 0) + num_revived - self.pool.num_free_blocks
+    def _free_skipped(self, request: Request) -> None:
+        """Frees the sliding groups' blocks that the window of the request's next token has left behind."""
+        skipped = self._num_skipped.setdefault(request.request_id, [0] * self.num_groups)
+        for g, pool in enumerate(self.pools):
+            lo, hi = self._skippable(request, g, request.num_computed_tokens)
+            table = request.block_tables[g]
+            pool.free_blocks([pool.blocks[i] for i in reversed(table[lo:hi]) if i != NULL_BLOCK_ID])
+            table[lo:hi] = [NULL_BLOCK_ID] * (hi - lo)
+            skipped[g] = hi
 
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_block_ids: list[int] = ()) -> list[int] | None:
-        """Gives the request blocks for num_new_tokens more tokens after its computed ones.
+        """Gives the request blocks for num_new_tokens more tokens after its computed ones, in every group, and
+        frees the sliding groups' blocks that fall out of their window (for the step's first token).
 
         Args:
             num_new_computed_tokens, new_computed_block_ids: a prefix hit from get_computed_blocks
                 (first allocation only).
         Returns:
-            the newly allocated block ids (maybe empty), appended to request.block_ids after the
-            hit blocks; None when the pool is short (nothing changes then).
+            group 0's newly allocated block ids (maybe empty), appended to request.block_ids after the
+            hit blocks; None when a pool is short (nothing changes then).
         """
         if self._num_blocks_short(request, num_new_tokens, num_new_computed_tokens, new_computed_block_ids) > 0:
             return None
         rid = request.request_id
-        if new_computed_block_ids:
+        tables = self._tables(request)
+        n_hit = len(new_computed_block_ids)
+        if n_hit:
             assert not request.block_ids, "prefix hits only on a request's first allocation"
-            self.pool.touch([self.pool.blocks[i] for i in new_computed_block_ids])
-            request.block_ids.extend(new_computed_block_ids)
-        self._num_cached_blocks.setdefault(rid, len(new_computed_block_ids))
+            hashes = self.block_hashes(request)
+            for g, pool in enumerate(self.pools):
+                hit = self._hit_table(g, hashes, n_hit) if g else list(new_computed_block_ids)
+                pool.touch([pool.blocks[i] for i in hit if i != NULL_BLOCK_ID])
+                tables[g].extend(hit)
+                skip = hit.count(NULL_BLOCK_ID)
+                self._num_skipped.setdefault(rid, [0] * self.num_groups)[g] = skip
+        self._num_cached_blocks.setdefault(rid, n_hit)
         stats = self._pending_stats.pop(rid, None)
         if stats is not None:
             self.prefix_cache_queries += stats[0]
             self.prefix_cache_hits += stats[1]
+        if not n_hit:
+            self._free_skipped(request)
         total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-        n = max(self.blocks_needed(total) - len(request.block_ids), 0)
-        new_ids = [b.block_id for b in self.pool.get_new_blocks(n)]
-        request.block_ids.extend(new_ids)
-        return new_ids
+        out = []
+        for g, pool in enumerate(self.pools):
+            n = max(self.blocks_needed(total) - len(tables[g]), 0)
+            new_ids = [b.block_id for b in pool.get_new_blocks(n)]
+            tables[g].extend(new_ids)
+            out.append(new_ids)
+        return out[0]
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Publishes the request's full blocks whose KV is computed (the first num_computed_tokens)."""
+        """Publishes the request's full blocks whose KV is computed (the first num_computed_tokens), in every group
+        (a sliding group's blocks are published before they can leave its window)."""
         if not self.enable_prefix_caching:
             return
         rid = request.request_id
@@ -273,20 +288,29 @@ class KVCacheManager:
         if num_full <= done:
             return
         hashes = self.block_hashes(request)
-        for i in range(done, num_full):
-            self.pool.cache_block(self.pool.blocks[request.block_ids[i]], hashes[i])
+        for g, pool in enumerate(self.pools):
+            table = request.block_tables[g]
+            for i in range(done, min(num_full, len(table))):
+                if table[i] != NULL_BLOCK_ID:
+                    pool.cache_block(pool.blocks[table[i]], hashes[i])
         self._num_cached_blocks[rid] = num_full
 
-    def free(self, request: Request) -> None:
-        """Releases the request's blocks, last block first (see the module doc for the order), and its host
-        blocks when it is swapped out."""
-        self.pool.free_blocks([self.pool.blocks[i] for i in reversed(request.block_ids)])
-        request.block_ids = []
+    def _release(self, request: Request) -> None:
+        """Drops the request's blocks in every group, last block first (see the module doc for the order)."""
+        for g, pool in enumerate(self.pools):
+            if g < len(request.block_tables):
+                pool.free_blocks([pool.blocks[i] for i in reversed(request.block_tables[g]) if i != NULL_BLOCK_ID])
+        request.block_tables = [[] for _ in self.pools]
         self._num_cached_blocks.pop(request.request_id, None)
+        self._num_skipped.pop(request.request_id, None)
+
+    def free(self, request: Request) -> None:
+        """Releases the request's blocks in every group, and its host blocks when it is swapped out."""
+        self._release(request)
         self._pending_stats.pop(request.request_id, None)
         self.swap_space.release(request.request_id)
 
-    # ---- the RAM tier ----
+    # ---- the RAM tier (one group without a window: the constructor refuses the rest) ----
     @property
     def num_cpu_blocks(self) -> int:
         return self.swap_space.num_blocks
@@ -308,9 +332,7 @@ class KVCacheManager:
         if host_ids is None:
             return None
         pairs = list(zip(request.block_ids, host_ids))
-        self.pool.free_blocks([self.pool.blocks[i] for i in reversed(request.block_ids)])
-        request.block_ids = []
-        self._num_cached_blocks.pop(request.request_id, None)
+        self._release(request)
         return pairs
 
     def can_swap_in(self, request: Request, num_new_tokens: int) -> bool:
@@ -337,7 +359,8 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         """Drops every cached hash; always succeeds (held blocks stay allocated, just unshared)."""
-        self.pool.reset_prefix_cache()
+        for pool in self.pools:
+            pool.reset_prefix_cache()
         return True
 
 

@@ -34,11 +34,14 @@ class LayerKV:
     """What one layer's paged cache holds per token: K rows of num_heads x head_dim and V rows of the same shape,
     or (v_is_k) no V of its own: attention reads V from the K rows (MLA's latent is both key and value), and the
     layer's cache is one array; or (shared_from >= 0) no cache of its own: the layer attends over layer
-    shared_from's cache (Gemma 4's KV-shared layers), which the runner hands it, and costs no bytes."""
+    shared_from's cache (Gemma 4's KV-shared layers), which the runner hands it, and costs no bytes. window > 0: a
+    sliding-window layer, which needs only the last `window` tokens' rows (its cache group frees the blocks that fall
+    out of it: cache_groups)."""
     num_heads: int
     head_dim: int
     v_is_k: bool = False
     shared_from: int = -1
+    window: int = 0
 
     def block_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
         return (num_blocks, block_size, self.num_heads, self.head_dim)
@@ -107,3 +110,84 @@ def layout_state_bytes(layout: Sequence[LayerCache]) -> int:
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str) -> int:
     """One block id's K and V in every layer (a block id is shared by all layers)."""
     return num_layers * bytes_per_block_per_layer(block_size, num_kv_heads, head_dim, kv_cache_dtype)
+
+
+@dataclass(frozen=True)
+class CacheGroup:
+    """Layers whose caches share one block id space and one block table per request: every layer of one sliding
+    window (0 = full attention). A sliding group's request holds only the blocks that still meet its window."""
+    window: int
+    layers: tuple[int, ...]
+
+
+def cache_groups(layout: Sequence[LayerCache]) -> tuple[CacheGroup, ...]:
+    """The layout's paged layers grouped by window: full attention first, then windows ascending (group 0's table is
+    Request.block_ids). A model without sliding layers has one group, as before groups existed; state layers
+    (LayerState) hold no blocks and belong to none."""
+    paged = [(i, layer) for i, layer in enumerate(layout) if is_paged(layer)]
+    windows = sorted({layer.window for _, layer in paged}) or [0]
+    return tuple(CacheGroup(w, tuple(i for i, layer in paged if layer.window == w)) for w in windows)
+
+
+def layer_groups(layout: Sequence[LayerCache]) -> tuple[int, ...]:
+    """Each layer's group index in cache_groups(layout) (0 for a state layer, which reads no block table)."""
+    out = [0] * len(layout)
+    for g, group in enumerate(cache_groups(layout)):
+        for i in group.layers:
+            out[i] = g
+    return tuple(out)
+
+
+def group_bytes_per_block(layout: Sequence[LayerCache], group: CacheGroup, block_size: int, kv_cache_dtype: str) -> int:
+    """One block id of the group: its layers' caches."""
+    return layout_bytes_per_block([layout[i] for i in group.layers], block_size, kv_cache_dtype)
+
+
+def sliding_blocks_per_seq(window: int, block_size: int, max_step_tokens: int, max_model_len: int) -> int:
+    """Most blocks one request holds in a sliding group: the window before a step's first token and the step's
+    tokens (never more than its whole context), plus one for a window that straddles a block boundary."""
+    tokens = min(window - 1 + max_step_tokens, max_model_len)
+    return -(-tokens // block_size) + 1
+
+
+def sliding_pool_blocks(window: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                        max_model_len: int) -> int:
+    """A sliding group's pool (null block included): what max_num_seqs requests hold at once, plus one window of
+    blocks each for the prefix cache (a hit needs only the window before its end: freed blocks stay findable)."""
+    per_seq = sliding_blocks_per_seq(window, block_size, max_num_batched_tokens, max_model_len)
+    return max_num_seqs * (per_seq + -(-window // block_size)) + 1
+
+
+def group_counts(layout: Sequence[LayerKV], num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int,
+                 max_num_batched_tokens: int) -> tuple[int, ...]:
+    """Blocks per cache group when the full groups keep num_blocks and each sliding group takes what it can use
+    (sliding_pool_blocks) up to that: the planner's count, where a GPU's room bounds every group."""
+    return tuple(min(num_blocks, sliding_pool_blocks(g.window, block_size, max_num_seqs, max_num_batched_tokens,
+                                                     max_model_len)) if g.window else num_blocks
+                 for g in cache_groups(layout))
+
+
+def split_pool(layout: Sequence[LayerKV], num_blocks: int, block_size: int, kv_cache_dtype: str, max_model_len: int,
+               max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """Blocks per cache group (null block included) for the bytes of `num_blocks` blocks in every layer.
+
+    A sliding group gets what max_num_seqs requests can hold at once and a window each for the prefix cache
+    (sliding_pool_blocks) but never more than num_blocks; the full groups
+    share the rest evenly in blocks, never more than max_num_seqs contexts of max_model_len: so no group has fewer
+    blocks than one pool of num_blocks for every layer gave it."""
+    groups = cache_groups(layout)
+    if len(groups) == 1:
+        return (num_blocks,)
+    useful = max_num_seqs * -(-max_model_len // block_size) + 1
+    sizes = {g.window: group_bytes_per_block(layout, g, block_size, kv_cache_dtype) for g in groups}
+    budget = num_blocks * sum(sizes.values())
+    counts = {}
+    for g in groups:
+        if g.window:
+            counts[g.window] = min(num_blocks, sliding_pool_blocks(g.window, block_size, max_num_seqs,
+                                                                   max_num_batched_tokens, max_model_len))
+            budget -= counts[g.window] * sizes[g.window]
+    full_bytes = sum(sizes[g.window] for g in groups if not g.window)
+    if full_bytes:
+        counts[0] = min(budget // full_bytes, max(useful, num_blocks))
+    return tuple(int(counts[g.window]) for g in groups)

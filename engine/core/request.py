@@ -90,8 +90,9 @@ class Request:
         self.num_computed_tokens = 0  # tokens whose KV is (or is being, this step) written
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None  # the stop token id (or stop string) that ended it
-        # Owned by the KV-cache manager: this request's block table, and chain hashes of its full blocks.
-        self.block_ids: list[int] = []
+        # Owned by the KV-cache manager: this request's block table per cache group, and chain hashes of its full
+        # blocks.
+        self.block_tables: list[list[int]] = [[]]
         self.block_hashes: list[bytes] = []
         # Models with linear-attention layers (engine/core/hybrid_cache.py): the slot of its live state (-1: none),
         # and this step's snapshot (rows of the step before a block boundary, checkpoint slot) or ().
@@ -103,6 +104,15 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
+
+    @property
+    def block_ids(self) -> list[int]:
+        """Group 0's block table (the only one of a model without sliding-window layers)."""
+        return self.block_tables[0]
+
+    @block_ids.setter
+    def block_ids(self, ids: list[int]) -> None:
+        self.block_tables[0] = ids
 
     def set_max_model_len(self, max_model_len: int) -> None:
         """Fixes the context limit and the resulting max_tokens (None -> whatever the context leaves)."""

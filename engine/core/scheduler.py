@@ -78,10 +78,10 @@ class Scheduler:
         if request.num_prompt_tokens > self.max_model_len:
             raise ValueError(f"request {rid!r}: prompt of {request.num_prompt_tokens} tokens is longer than "
                              f"max_model_len={self.max_model_len}")
-        need = self.kv.blocks_needed(request.max_kv_tokens)
-        if need > self.kv.num_usable_blocks:
-            raise ValueError(f"request {rid!r}: up to {request.max_kv_tokens} tokens of KV need {need} blocks of "
-                             f"{self.kv.block_size}, but the KV cache has only {self.kv.num_usable_blocks}; "
+        short = self.kv.shortfall_alone(request.max_kv_tokens, self.max_num_batched_tokens)
+        if short is not None:
+            raise ValueError(f"request {rid!r}: up to {request.max_kv_tokens} tokens of KV need {short[0]} blocks of "
+                             f"{self.kv.block_size}, but the KV cache has only {short[1]}; "
                              f"lower max_tokens or give the KV cache more memory")
         request.status = RequestStatus.WAITING
         self.requests[rid] = request
@@ -202,6 +202,7 @@ class Scheduler:
             scheduled.append(ScheduledRequest(
                 req_id=req.request_id, token_ids=tuple(req.all_token_ids[start:start + n]), start_pos=start,
                 block_ids=tuple(req.block_ids), sample=req.num_computed_tokens >= req.num_tokens,
+                group_block_ids=tuple(tuple(t) for t in req.block_tables[1:]),
                 state_slot=req.state_slot, state_snapshot=req.state_snapshot))
         return SchedulerOutput(scheduled=tuple(scheduled), blocks_to_swap_out=tuple(swap_out),
                                blocks_to_swap_in=tuple(swap_in), state_copies=tuple(self.kv.take_state_copies()))

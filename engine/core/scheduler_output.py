@@ -9,8 +9,8 @@ How the engine consumes a SchedulerOutput (block_size is the KV cache's):
          rows        token_ids (len q)
          positions   start_pos .. start_pos + q - 1
          seq_len     start_pos + q
-         block table block_ids (pad with 0, the null block)
-         slot        block_ids[p // block_size] * block_size + p % block_size for each position p
+         block table block_ids (pad with 0, the null block), and one per group_block_ids (sliding layers)
+         slot        block_ids[p // block_size] * block_size + p % block_size for each position p (per group too)
          logits      the last row, only when `sample` is true (a partial prompt chunk never samples)
          states      state_slot, and the state_snapshot to save (linear-attention layers)
   2. Return {req_id: [sampled token]} for exactly the entries with sample true, and pass it to
@@ -29,8 +29,9 @@ class ScheduledRequest:
     req_id         the request
     token_ids      tokens to run this step (a prompt chunk, a recompute, or the last sampled token)
     start_pos      position of token_ids[0] = the request's num_computed_tokens before this step
-    block_ids      the request's whole block table after this step's allocation
+    block_ids      the request's whole block table after this step's allocation (cache group 0's)
     sample         this step reaches the request's last known token: sample one token from its last row
+    group_block_ids  the tables of cache groups 1.. (sliding-window layers; null where out of the window), or ()
     state_slot     linear-attention layers: the slot of the request's state (-1: the model has none)
     state_snapshot (rows, slot): save the state after that many of token_ids into that checkpoint slot, or ()
     """
@@ -39,6 +40,7 @@ class ScheduledRequest:
     start_pos: int
     block_ids: tuple[int, ...]
     sample: bool
+    group_block_ids: tuple[tuple[int, ...], ...] = ()
     state_slot: int = -1
     state_snapshot: tuple = ()
 

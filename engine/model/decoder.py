@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from cpu_kernels import activations
-from engine.core.kv_spec import layout_state_bytes
+from engine.core.kv_spec import layer_groups, layout_state_bytes
 from engine.model.block import Block
 from engine.model.config import ModelConfig
 from engine.model.parts.linear import Linear, has
@@ -43,6 +43,7 @@ class DecoderModel:
         self.kv_sources = [kv.shared_from if kv.shared_from >= 0 else i for i, kv in enumerate(self.kv_layout)]
         ple = arch.per_layer_embedding(config)
         self.per_layer = PerLayerEmbeddings(ple, ws, config, batch_invariant) if ple is not None else None
+        self.layer_groups = layer_groups(self.kv_layout)  # each layer's cache group (its block tables)
 
     def embed_tokens(self, input_ids: np.ndarray) -> np.ndarray:
         x = self.embed.weight.embed(np.ascontiguousarray(input_ids, dtype=np.int64))
@@ -57,8 +58,9 @@ class DecoderModel:
         meta = dataclasses.replace(meta, rows=RowGroups(meta.query_start_loc, self.prefill_dtype))
         if self.per_layer is not None:  # every layer's share, once per token
             meta.step_cache[STEP_KEY] = self.per_layer(meta.input_ids, x, meta.rows)
-        for block, src in zip(self.blocks, self.kv_sources):
-            x = block(x, meta, kv_caches[src])
+        views = meta.group_views()  # a batch with one table (no group_tables) serves every group
+        for block, src, g in zip(self.blocks, self.kv_sources, self.layer_groups):
+            x = block(x, views[g] if g < len(views) else meta, kv_caches[src])
         return x
 
     def compute_logits(self, hidden: np.ndarray, per_row: bool = False) -> np.ndarray:

@@ -24,11 +24,12 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     Returns:
         dict with path, format, architecture, name, config (ModelConfig.to_dict()), num_tensors,
         num_params, tensor_types {type name: {"count", "bytes"}} (largest first), total_weight_bytes,
-        kv_bytes_per_1k_tokens (fp16, every paged layer at full attention: the layers' caches as the runner
-        allocates them, core/kv_spec.LayerKV), sliding_window_layers, kv_shared_layers (layers reading an earlier
-        layer's cache, holding none), kv_note (what the KV figure counts, for sliding-window, MLA, hybrid and
-        KV-sharing models), state_bytes_per_sequence (the linear-attention layers' states of one sequence,
-        core/kv_spec.LayerState; 0 without).
+        kv_bytes_per_1k_tokens (fp16, the full-attention layers' caches as the runner allocates them,
+        core/kv_spec.LayerKV: what grows with the context), kv_sliding_bytes_per_sequence (fp16, the sliding-window
+        layers' window per sequence: bounded, they free the blocks that leave it), sliding_window_layers,
+        kv_shared_layers (layers reading an earlier layer's cache, holding none), kv_note (what the KV figures count,
+        for sliding-window, MLA, hybrid and KV-sharing models), state_bytes_per_sequence (the linear-attention layers'
+        states of one sequence, core/kv_spec.LayerState; 0 without).
     Raises:
         ModelLoadError: as open_weights.
     """
@@ -44,9 +45,12 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         num_params += math.prod(t.shape)
     types = dict(sorted(types.items(), key=lambda kv: -kv[1]["bytes"]))
     layout = architecture(c.arch).kv_layout(c)
-    kv_1k = layout_bytes_per_block(layout, 1024, "fp16")
     paged = [layer for layer in layout if is_paged(layer)]
-    sliding = [w for w in c.layer_sliding_window if w > 0]
+    full = [layer for layer in paged if not layer.window]
+    sliding = [layer for layer in paged if layer.window]
+    kv_1k = layout_bytes_per_block(full, 1024, "fp16")  # what grows with the context
+    # a sliding layer's cache group frees the blocks that leave its window: per sequence it holds about a window
+    kv_seq = sum(layer.bytes_per_block(1, "fp16") * layer.window for layer in sliding)
     shared = sum(kv.shared_from >= 0 for kv in layout)
     note = "fp16 K and V, every layer at full attention"
     if any(layer.v_is_k for layer in paged):
@@ -59,8 +63,10 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     if shared:
         note += f"; {shared} layers read the K/V of earlier layers and hold none"
     if sliding:
-        note += (f"; {len(sliding)} of {c.num_layers} layers use a sliding window of {max(sliding)} tokens, "
-                 "so beyond that length they stop growing and the real cost is lower")
+        windows = sorted({layer.window for layer in sliding})
+        note = (f"fp16 K and V of the {len(full)} full-attention layers; the {len(sliding)} sliding-window layers "
+                f"keep only their last {'/'.join(map(str, windows))} tokens per sequence: about {_bytes(kv_seq)} per "
+                "sequence (plus a step's tokens), whatever its length")
     return {
         "path": ws.path,
         "format": ws.format,
@@ -72,6 +78,7 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         "tensor_types": types,
         "total_weight_bytes": sum(v["bytes"] for v in types.values()),
         "kv_bytes_per_1k_tokens": kv_1k,
+        "kv_sliding_bytes_per_sequence": kv_seq,
         "sliding_window_layers": len(sliding),
         "kv_shared_layers": shared,
         "kv_note": note,

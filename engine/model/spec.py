@@ -73,9 +73,10 @@ class AttentionSpec:
         return out
 
     def kv(self, cfg) -> LayerKV:
-        """Its paged cache per token: K and V of every kv head, or none of its own (kv_from: layer kv_from's)."""
+        """Its paged cache per token: K and V of every kv head (only the window's last tokens on a sliding layer), or
+        none of its own (kv_from: layer kv_from's)."""
         D, nkv = self.dims(cfg)
-        return LayerKV(nkv, D, shared_from=self.kv_from)
+        return LayerKV(nkv, D, shared_from=self.kv_from, window=self.sliding_window)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The flattened batch a forward pass consumes: the runner builds it, the model and kernels read it."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -22,6 +23,7 @@ class BatchMetadata:
     slot_mapping     (T,) int64   flat KV slot (block_id * block_size + offset) each new token writes
     logits_indices   (R,) int64   rows whose logits are computed (last row of a sampling sequence,
                                   and every row of a sequence that asked for prompt logprobs)
+    group_tables     ((block_tables, slot_mapping), ...) of cache groups 1.. (sliding-window layers), or ()
     state_slots      (S,) int32   linear-attention layers: the state slot of each sequence (a sequence whose
                                   first row is at position 0 starts from zero states)
     snap_rows        (S,) int32   copy the states after this many of the sequence's rows (0: none) ...
@@ -39,6 +41,17 @@ class BatchMetadata:
     snap_rows: np.ndarray | None = None
     snap_slots: np.ndarray | None = None
     rows: "RowGroups | None" = None
+    group_tables: tuple = ()
+
+    def group_views(self) -> list["BatchMetadata"]:
+        """One view per cache group (core/kv_spec.cache_groups): group 0 is this batch; group g reads its own block
+        tables and slot mapping from group_tables[g - 1] and shares everything else (rows, step_cache)."""
+        views = [self]
+        for tables, slots in self.group_tables:
+            view = dataclasses.replace(self, block_tables=tables, slot_mapping=slots, group_tables=())
+            view.__dict__["step_cache"] = self.step_cache  # one RoPE table per step for all groups
+            views.append(view)
+        return views
 
     def __post_init__(self):
         S = len(self.seq_lens)

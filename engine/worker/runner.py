@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-from engine.core.kv_spec import LayerKV, LayerState, is_paged, kv_storage_dtype, layout_bytes_per_block
+from engine.core.kv_spec import (LayerKV, LayerState, cache_groups, is_paged, kv_storage_dtype, layer_groups,
+                                  layout_bytes_per_block)
 from engine.worker.batch import BatchMetadata
 from engine.worker.huge_pages import small_pages, zeros_small_pages
 
@@ -23,6 +25,7 @@ class SeqChunk:
     logits: str = "last"
     state_slot: int = 0            # linear-attention layers: the sequence's state slot
     snapshot: tuple[int, int] = ()  # (rows, slot): copy the states after that many of token_ids into slot
+    group_block_ids: tuple[tuple[int, ...], ...] = ()  # cache groups 1..'s tables; () = block_ids serves them all
 
 
 def layer_cache(layer: LayerKV, num_blocks: int, block_size: int, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -40,22 +43,36 @@ def state_pools(layer: LayerState, num_slots: int) -> tuple[np.ndarray, ...]:
 class ModelRunner:
     """Owns the model and its caches, as the model's kv_layout declares them layer by layer: a (K, V) pair of paged
     blocks per attention layer (V is K, one array, where the layer reads its values from its keys: MLA; a KV-shared
-    layer holds its source layer's pair, no memory of its own: Gemma 4), a (conv, recurrent) pair of state pools
+    layer holds its source layer's pair, no memory of its own: Gemma 4) with its cache group's block count (num_blocks:
+    one count for every group, or one per group in kv_spec.cache_groups order), a (conv, recurrent) pair of state pools
     (num_state_slots slots) per linear-attention layer."""
 
-    def __init__(self, model, num_blocks: int, block_size: int = 16, kv_cache_dtype: str = "auto",
+    def __init__(self, model, num_blocks: int | Sequence[int], block_size: int = 16, kv_cache_dtype: str = "auto",
                  num_state_slots: int | None = None):
         self.model = model
         self.block_size = block_size
-        self.num_blocks = num_blocks
+        self.groups = cache_groups(model.kv_layout)
+        counts = (num_blocks,) * len(self.groups) if isinstance(num_blocks, int) else tuple(num_blocks)
+        if len(counts) != len(self.groups):
+            raise ValueError(f"{len(counts)} block counts for {len(self.groups)} cache groups")
+        self.group_num_blocks = counts
+        self.num_blocks = counts[0]
         self.num_state_slots = model.num_state_slots if num_state_slots is None else num_state_slots
         dtype = np.dtype(kv_storage_dtype(kv_cache_dtype))
         self.kv_caches = []
-        for layer in model.kv_layout:  # a KV-shared layer holds its source layer's pair (the same tuple)
+        for layer, g in zip(model.kv_layout, layer_groups(model.kv_layout)):
+            if layer.shared_from >= 0 and model.kv_layout[layer.shared_from].window != layer.window:
+                raise ValueError("a KV-shared layer must slide as its source layer does (one cache group)")
+            # a KV-shared layer holds its source layer's pair (the same tuple)
             self.kv_caches.append(self.kv_caches[layer.shared_from] if layer.shared_from >= 0 else
-                                  layer_cache(layer, num_blocks, block_size, dtype) if is_paged(layer)
+                                  layer_cache(layer, counts[g], block_size, dtype) if is_paged(layer)
                                   else state_pools(layer, self.num_state_slots))
         self.state_layers = [i for i, layer in enumerate(model.kv_layout) if not is_paged(layer)]
+
+    @property
+    def windows(self) -> tuple[int, ...]:
+        """Each cache group's sliding window (0 = full attention), for the KV-cache manager."""
+        return tuple(g.window for g in self.groups)
 
     @staticmethod
     def kv_bytes_per_block(config, block_size: int, kv_cache_dtype: str = "auto") -> int:
@@ -71,27 +88,37 @@ class ModelRunner:
                 for pool in self.kv_caches[i]:
                     pool[dst] = pool[src]
 
-    def build_batch(self, chunks: list[SeqChunk]) -> BatchMetadata:
+    @staticmethod
+    def _tables(chunks: list[SeqChunk], g: int) -> list[tuple[int, ...]]:
+        return [c.block_ids if g == 0 or not c.group_block_ids else c.group_block_ids[g - 1] for c in chunks]
+
+    def _group_table(self, chunks: list[SeqChunk], g: int, pos: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Cache group g's block tables (S, max_blocks) and slot mapping (T,) of the batch."""
         bs = self.block_size
-        ids, pos, slots, qsl, lens, logit_rows = [], [], [], [0], [], []
+        group = self._tables(chunks, g)
+        tables = np.zeros((len(chunks), max(len(t) for t in group)), dtype=np.int32)
+        slots = []
+        for s, (c, ids, p) in enumerate(zip(chunks, group, pos)):
+            if c.start + len(c.token_ids) > len(ids) * bs:
+                raise ValueError(f"sequence {s}: {c.start + len(c.token_ids)} tokens need more than its {len(ids)} "
+                                 f"blocks")
+            blocks = np.asarray(ids, dtype=np.int64)
+            slots.append(blocks[p // bs] * bs + p % bs)
+            tables[s, : len(ids)] = ids
+        return tables, np.concatenate(slots)
+
+    def build_batch(self, chunks: list[SeqChunk]) -> BatchMetadata:
+        ids, pos, qsl, lens, logit_rows = [], [], [0], [], []
         state_slots = np.asarray([c.state_slot for c in chunks], np.int32)
         snap_rows = np.asarray([c.snapshot[0] if c.snapshot else 0 for c in chunks], np.int32)
         snap_slots = np.asarray([c.snapshot[1] if c.snapshot else 0 for c in chunks], np.int32)
         if self.state_layers:
             self._check_states(state_slots, snap_rows, snap_slots)
-        max_blocks = max(len(c.block_ids) for c in chunks)
-        tables = np.zeros((len(chunks), max_blocks), dtype=np.int32)
-        for s, c in enumerate(chunks):
+        for c in chunks:
             n = len(c.token_ids)
             end = c.start + n
-            if end > len(c.block_ids) * bs:
-                raise ValueError(f"sequence {s}: {end} tokens need more than its {len(c.block_ids)} blocks")
-            p = np.arange(c.start, end, dtype=np.int64)
-            blocks = np.asarray(c.block_ids, dtype=np.int64)
             ids.append(np.asarray(c.token_ids, dtype=np.int64))
-            pos.append(p)
-            slots.append(blocks[p // bs] * bs + p % bs)
-            tables[s, : len(c.block_ids)] = c.block_ids
+            pos.append(np.arange(c.start, end, dtype=np.int64))
             row0 = qsl[-1]
             if c.logits == "all":
                 logit_rows.extend(range(row0, row0 + n))
@@ -99,12 +126,13 @@ class ModelRunner:
                 logit_rows.append(row0 + n - 1)
             qsl.append(row0 + n)
             lens.append(end)
+        tables, slots = self._group_table(chunks, 0, pos)
         return BatchMetadata(
             input_ids=np.concatenate(ids), positions=np.concatenate(pos),
             query_start_loc=np.asarray(qsl, dtype=np.int32), seq_lens=np.asarray(lens, dtype=np.int32),
-            block_tables=tables, slot_mapping=np.concatenate(slots),
-            logits_indices=np.asarray(logit_rows, dtype=np.int64), state_slots=state_slots, snap_rows=snap_rows,
-            snap_slots=snap_slots)
+            block_tables=tables, slot_mapping=slots, logits_indices=np.asarray(logit_rows, dtype=np.int64),
+            state_slots=state_slots, snap_rows=snap_rows, snap_slots=snap_slots,
+            group_tables=tuple(self._group_table(chunks, g, pos) for g in range(1, len(self.groups))))
 
     def _check_states(self, state_slots, snap_rows, snap_slots) -> None:
         """Each sequence its own slot, snapshots into other slots: the kernels write them from parallel units."""

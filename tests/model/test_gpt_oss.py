@@ -205,6 +205,7 @@ def test_engine_answers_equal_solo_runs(engine_folder):
                 dict(max_num_batched_tokens=64, enable_prefix_caching=False, num_gpu_blocks_override=12)]
         for kw in runs:
             llm, outs = _generate(engine_folder, ENGINE_PROMPTS, params, batch_invariant=invariant, **kw)
+            assert llm.llm_engine.kv_manager.windows == (0, 4)  # the sliding layers' own blocks, freed as they leave
             if kw.get("enable_prefix_caching"):  # the same prompts again: their full blocks come from the cache
                 outs = llm.generate([{"prompt_token_ids": p} for p in ENGINE_PROMPTS], params, use_tqdm=False)
                 assert sum(o.num_cached_tokens for o in outs) > 0

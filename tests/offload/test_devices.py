@@ -11,9 +11,11 @@ from tests.offload.helpers import write_devices
 
 
 def test_import_touches_no_gpu_runtime():
-    code = ("import sys, offload, offload.apply\n"
+    code = ("import sys, types, offload, offload.apply\n"
             "from engine.args import EngineArgs\n"
-            "assert offload.apply_placement(EngineArgs(), None, 128, 10) == 10\n"
+            "from engine.core.kv_spec import LayerKV\n"
+            "model = types.SimpleNamespace(kv_layout=(LayerKV(2, 8),) * 2)  # all apply_placement reads without a GPU\n"
+            "assert offload.apply_placement(EngineArgs(), model, 128, 10) == (10,)\n"
             "bad = [m for m in ('torch', 'torch.cuda', 'triton') if m in sys.modules]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True)

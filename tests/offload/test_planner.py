@@ -232,3 +232,25 @@ def test_plan_json_is_stable_and_round_trips(gpu8, moe30b):
     assert d["layers"][5]["device"] == "cuda:0" and d["embed_device"] == "cpu"
     assert PlacementPlan.from_json(a).to_json() == a
     assert all(isinstance(r, str) and r for r in d["reasons"])
+
+
+def test_sliding_window_layers_count_what_their_windows_hold(tmp_path):
+    """gemma-3-270m: 15 of 18 layers slide over 512 tokens. Their cache groups free the blocks that leave the
+    window, so the plan counts them at what max_num_seqs requests' windows hold, the 3 full layers at the pool; a
+    small GPU then holds more context than counting every layer at the pool would leave room for."""
+    from engine.core.kv_spec import sliding_pool_blocks
+    gemma = synthetic_meta("gemma-3-270m", "q4_k_m")
+    windows = [gemma.layer_cache(i).window for i in range(18)]
+    assert windows.count(512) == 15 and windows.count(0) == 3
+    per = gemma.kv.bytes_per_block(16, "auto")
+    cap = sliding_pool_blocks(512, 16, 4, 2048, 32768)
+    assert cap == 4 * (-(-(511 + 2048) // 16) + 1 + 512 // 16) + 1 == 773
+    p = plan(gemma, gpu_machine(8, 32), n_gpu_layers="all", max_model_len=32768, max_num_seqs=4)
+    n = p.kv.num_blocks
+    assert n == 4 * 2048 + 1 and gpu_use(p).kv == 3 * per * n + 15 * per * cap
+    assert any("sliding-window layers hold at most 773" in r for r in p.reasons)
+    small = plan(gemma, gpu_machine(1.75, 32), n_gpu_layers="all", max_model_len=32768, max_num_seqs=4)
+    u, n = gpu_use(small), small.kv.num_blocks
+    assert small.kv.limited_by.startswith("room left") and u.total <= u.budget
+    assert n > cap and u.kv == 3 * per * n + 15 * per * cap
+    assert n > (u.budget - (u.total - u.kv)) // (18 * per)  # every layer at n blocks would not have fit

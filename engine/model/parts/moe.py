@@ -78,20 +78,24 @@ class MoE(Part):
             rin = router_input(rin, self.router_scale, self.router_eps, self.router_root)
         ids, weights = self._route(self.router(rin, rows))
         kernel = mlp.ACTIVATIONS[self.act][0]
-        dense = rows.dense_dtype if rows is not None else "auto"  # each expert's rows: the formats' prefill kernels
+        dense = rows.dense_dtype if rows is not None else "auto"  # float experts' rows: the dense GEMM
         out = np.zeros_like(x)
         for e in np.unique(ids):
             r, slot = np.nonzero(ids == e)
             xe = np.ascontiguousarray(x[r])
+            # Quantized experts run their int8 kernel for all their rows: a torch GEMM between two Numba calls per
+            # expert makes the two thread pools wait for each other (and a row gets the bits of its decode step).
             if self.gate_up:  # one matmul over gate|up; the activation reads its halves in place
                 gu, down = self.experts[e]
-                y = gu(xe, dense_dtype=dense)
+                y = gu(xe, per_row=gu.weight.fmt.int8_activations, dense_dtype=dense)
                 F = y.shape[1] // 2
-                y = down(kernel(y, 0, y, F, F), dense_dtype=dense)
+                h = kernel(y, 0, y, F, F)
             else:
                 gate, up, down = self.experts[e]
-                g, u = gate(xe, dense_dtype=dense), up(xe, dense_dtype=dense)
-                y = down(kernel(g, 0, u, 0, g.shape[1]), dense_dtype=dense)
+                int8 = gate.weight.fmt.int8_activations
+                g, u = gate(xe, per_row=int8, dense_dtype=dense), up(xe, per_row=int8, dense_dtype=dense)
+                h = kernel(g, 0, u, 0, g.shape[1])
+            y = down(h, per_row=down.weight.fmt.int8_activations, dense_dtype=dense)
             out[r] += weights[r, slot][:, None] * y  # rows take their experts in ascending order
         if self.shared is not None:
             add_shared(out, self.shared(x, meta), self.shared_gate, x)
