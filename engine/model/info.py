@@ -60,13 +60,13 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     if len(paged) < len(layout):
         note = (f"fp16 K and V of the {len(paged)} attention layers; the {len(layout) - len(paged)} "
                 "linear-attention layers keep a fixed state per sequence instead")
-    if shared:
-        note += f"; {shared} layers read the K/V of earlier layers and hold none"
     if sliding:
         windows = sorted({layer.window for layer in sliding})
         note = (f"fp16 K and V of the {len(full)} full-attention layers; the {len(sliding)} sliding-window layers "
                 f"keep only their last {'/'.join(map(str, windows))} tokens per sequence: about {_bytes(kv_seq)} per "
                 "sequence (plus a step's tokens), whatever its length")
+    if shared:
+        note += f"; {shared} layers read the K/V of earlier layers and hold none"
     return {
         "path": ws.path,
         "format": ws.format,
