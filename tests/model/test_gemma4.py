@@ -97,8 +97,8 @@ def test_block_spec_tensors_are_the_exported_ones(dense, tmp_path):
 
 def test_kv_shared_layers_hold_no_cache_and_are_counted_so(dense):
     model, cfg = load_model(dense)
-    sliding, full = LayerKV(2, 32), LayerKV(1, 64)
-    assert model.kv_layout == (sliding, sliding, sliding, full, LayerKV(2, 32, shared_from=2),
+    sliding, full = LayerKV(2, 32, window=5), LayerKV(1, 64)  # a shared layer slides as its source (one group)
+    assert model.kv_layout == (sliding, sliding, sliding, full, LayerKV(2, 32, shared_from=2, window=5),
                                LayerKV(1, 64, shared_from=3))
     runner = ModelRunner(model, num_blocks=5, block_size=16, kv_cache_dtype="auto")
     assert runner.kv_caches[4] is runner.kv_caches[2] and runner.kv_caches[5] is runner.kv_caches[3]
@@ -107,7 +107,8 @@ def test_kv_shared_layers_hold_no_cache_and_are_counted_so(dense):
     per_block = 16 * 2 * 2 * (3 * 2 * 32 + 1 * 64)  # fp16 K and V of the four layers that own a cache
     assert ModelRunner.kv_bytes_per_block(cfg, 16) == per_block
     info = model_info(dense)
-    assert info["kv_bytes_per_1k_tokens"] == per_block * 1024 // 16 and info["kv_shared_layers"] == 2
+    assert info["kv_bytes_per_1k_tokens"] == 1024 * 2 * 2 * 64 and info["kv_shared_layers"] == 2  # the full layer's
+    assert info["kv_sliding_bytes_per_sequence"] == 3 * 5 * 2 * 2 * 2 * 32  # three sliding layers' 5-token windows
     text = format_info(info)
     assert "2 layers read the K/V of earlier layers and hold none" in text
     assert "full layers: 1 kv heads, head_dim 64" in text
@@ -121,7 +122,7 @@ def test_planner_counts_the_layers_that_own_a_cache():
     planner counts every one as the largest (8 x 256 K and V). (KV-shared layers count none: the test above.)"""
     from offload.meta import synthetic_meta
     meta = synthetic_meta("gemma4-26b-a4b", "q4_k_m")
-    assert all(meta.has_kv(i) for i in range(30)) and meta.kv == LayerKV(8, 256)
+    assert all(meta.has_kv(i) for i in range(30)) and (meta.kv.num_heads, meta.kv.head_dim) == (8, 256)
 
 
 def _multimodal(tmp_path):
