@@ -71,6 +71,9 @@ warm_formats(types={ws.info(n).ggml_type for n in ws.names() if len(ws.info(n).s
 warm_kernels(kv_dtypes=(np.float16,))
 before = signatures()
 from engine import LLM, SamplingParams
+from engine.model import fused_compile
+# The fused decode step's first compile (a background thread) compiles its callees too: not the warm-ups' business.
+fused_compile.start_pending = lambda: None
 llm = LLM(model=path, tokenizer=str(folder), max_model_len=256, kv_cache_memory=0.02, prefill_dtype="bfloat16")
 llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": list(range(3, 60))}],
              SamplingParams(max_tokens=3, temperature=0))
