@@ -38,9 +38,11 @@ def _pick(layout):
     return pick
 
 
-# MoE blocks (their experts' multi-row steps) in one layout each: the router and experts in Q5_0
-PARAMS = [(a, lay) for a in ("gemma3", "llama", "qwen3") for lay in LAYOUTS] + [("qwen3moe", "qkv stacked"),
-                                                                               ("glm4moe", "all own")]
+# Every layout on gemma3 (QK-norm, sliding and full layers: the attention step's richest form); the other
+# families in one layout each (each model is a fused signature to compile, ~30 s on a cold cache); MoE blocks (their
+# experts' multi-row steps) with the router and experts in Q5_0
+PARAMS = [("gemma3", lay) for lay in LAYOUTS] + [("llama", "all own"), ("qwen3", "q own, k|v stacked"),
+                                                 ("qwen3moe", "qkv stacked"), ("glm4moe", "all own")]
 
 
 @pytest.fixture(scope="module", params=PARAMS,
