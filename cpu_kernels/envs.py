@@ -18,6 +18,14 @@ def _tristate(text: str) -> bool | None:
     return {"1": True, "0": False}.get(text.strip())
 
 
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.strip() not in allowed:
+            raise ValueError(text)
+        return text.strip()
+    return parse
+
+
 @dataclass(frozen=True)
 class Var:
     default: Any
@@ -31,6 +39,10 @@ VARIABLES: dict[str, Var] = {
                            "kernels' place"),
     "RAMLM_FUSED_BLOCKS": Var(True, _flag, "`0` runs decode steps kernel by kernel instead of one compiled call per "
                               "block (to compare, or to profile the kernels one by one)"),
+    "RAMLM_FUSED_COMPILE": Var("background", _choice("background", "inline", "cached"),
+                               "when a block's fused step is compiled for a model's weight formats the JIT cache "
+                               "lacks: `background` (a thread after the first token; kernel by kernel meanwhile), "
+                               "`inline` (at the first decode step) or `cached` (never: only cached ones run fused)"),
     "RAMLM_SERIAL_WORK": Var(None, int, "bytes of work under which a kernel runs on the calling thread; default: "
                              "256 KiB on a quiet machine, 2 MiB while other processes' threads are runnable"),
     "RAMLM_SIMD": Var("auto", str, "`avx2` or `generic` caps the int8 kernels' instruction set below the host's "

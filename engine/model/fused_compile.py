@@ -6,7 +6,8 @@ on it still cost 10-14 s (the main thread's own compiles after the warm-up waite
 a signature first seen is only noted; the engine starts its compile on a background thread once a request has
 sampled a token (start_pending), and the blocks run their kernels one by one until it is ready. A marker file in
 the JIT cache folder then says it is cached, and later processes load it at once (the engine's warm-up). Exit
-waits for a compile under way, so that its machine code reaches the cache."""
+waits for a compile under way, so that its machine code reaches the cache. RAMLM_FUSED_COMPILE picks `inline` (at
+the first step) or `cached` (never compile: short runs such as the test suite, whose models are many) instead."""
 from __future__ import annotations
 
 import atexit
@@ -14,11 +15,10 @@ import hashlib
 import os
 import threading
 
-from cpu_kernels import CACHE_DIR
+from cpu_kernels import CACHE_DIR, envs
 from cpu_kernels.decode_block import block_step
 
-BACKGROUND = True  # False: compile on the calling thread (tests that need the fused path at once)
-_state: dict[str, str] = {}  # signature key -> "wanted", "compiling", "ready" or "failed"
+_state: dict[str, str] = {}  # signature key -> "wanted", "compiling", "ready", "failed" or "uncached"
 _wanted: dict[str, tuple] = {}  # signatures noted, not compiling yet
 _threads: list[threading.Thread] = []  # compiles started (wait() joins them)
 
@@ -31,16 +31,21 @@ def signature(args) -> tuple:
 def ready(sig: tuple) -> bool:
     """Whether block_step runs sig now: cached ones load; uncached ones are noted for start_pending (False)."""
     key = hashlib.sha256(str(sig).encode()).hexdigest()[:16]
-    state = _state.get(key)
-    if state == "compiling" and not BACKGROUND:  # in line means now: join the compile an earlier engine started
+    state, mode = _state.get(key), envs.get("RAMLM_FUSED_COMPILE")
+    if state == "compiling" and mode == "inline":  # in line means now: join the compile an earlier engine started
         wait()
         state = _state.get(key)
-    if state in ("ready", "compiling", "failed"):
+    if state == "uncached" and mode != "cached":  # the mode changed since (tests)
+        state = None
+    if state in ("ready", "compiling", "failed", "uncached"):
         return state == "ready"
-    if not BACKGROUND or os.path.exists(_marker(key)):  # a noted signature too, once it may compile in line
+    if mode == "inline" or os.path.exists(_marker(key)):  # a noted signature too, once it may compile in line
         _wanted.pop(key, None)
         _compile(key, sig)  # a cached signature: a load of ~20 ms
         return _state[key] == "ready"
+    if mode == "cached":
+        _state[key] = "uncached"  # kernel by kernel for this process's lifetime
+        return False
     _state[key] = "wanted"
     _wanted[key] = sig
     return False

@@ -79,7 +79,7 @@ def test_kernel_by_kernel_matches_transformers(tiny, monkeypatch):
 def test_fused_decode_is_bitwise_the_kernels(tiny, monkeypatch, which):
     arch, folder, path, _ = tiny
     src = folder if which == "hf" else path
-    monkeypatch.setattr(fused_compile, "BACKGROUND", False)
+    monkeypatch.setenv("RAMLM_FUSED_COMPILE", "inline")
     model, plain = _kernels(src, monkeypatch, fused=False)
     calls = count_fused_calls(monkeypatch)
     model, fused = _kernels(src, monkeypatch, fused=True)

@@ -38,9 +38,11 @@ def _pick(layout):
     return pick
 
 
-# MoE blocks (their experts' multi-row steps) in one layout each: the router and experts in Q5_0
-PARAMS = [(a, lay) for a in ("gemma3", "llama", "qwen3") for lay in LAYOUTS] + [("qwen3moe", "qkv stacked"),
-                                                                               ("glm4moe", "all own")]
+# Every layout on gemma3 (QK-norm, sliding and full layers: the attention step's richest form); the other
+# families in one layout each (each model is a fused signature to compile, ~30 s on a cold cache); MoE blocks (their
+# experts' multi-row steps) with the router and experts in Q5_0
+PARAMS = [("gemma3", lay) for lay in LAYOUTS] + [("llama", "all own"), ("qwen3", "q own, k|v stacked"),
+                                                 ("qwen3moe", "qkv stacked"), ("glm4moe", "all own")]
 
 
 @pytest.fixture(scope="module", params=PARAMS,
@@ -61,7 +63,7 @@ def model(request, tmp_path_factory):
 @pytest.fixture(autouse=True)
 def compile_at_once(monkeypatch):
     """The fused path from the first call: its signatures compile on the calling thread, not in the background."""
-    monkeypatch.setattr(fused_compile, "BACKGROUND", False)
+    monkeypatch.setenv("RAMLM_FUSED_COMPILE", "inline")
 
 
 @pytest.fixture
@@ -169,7 +171,7 @@ def test_an_error_inside_restores_the_thread_count(model, monkeypatch):
 
 def test_a_new_signature_compiles_in_the_background(model, calls, monkeypatch, tmp_path):
     """Uncached (no marker): the steps run the parts until block_step has compiled in the background."""
-    monkeypatch.setattr(fused_compile, "BACKGROUND", True)
+    monkeypatch.setenv("RAMLM_FUSED_COMPILE", "background")
     monkeypatch.setattr(fused_compile, "CACHE_DIR", str(tmp_path))  # no markers here
     monkeypatch.setattr(fused_compile, "_state", {})
     monkeypatch.setattr(fused_compile, "_wanted", {})
@@ -187,10 +189,33 @@ def test_a_new_signature_compiles_in_the_background(model, calls, monkeypatch, t
     assert any(p.name.startswith("fused-block-") for p in tmp_path.iterdir())
 
 
+def test_cached_mode_compiles_nothing_and_runs_cached_signatures(model, calls, monkeypatch, tmp_path):
+    """RAMLM_FUSED_COMPILE=cached: an uncached signature runs kernel by kernel with nothing noted to compile; once
+    a marker says it is cached (another process compiled it), a fresh process state runs it fused."""
+    monkeypatch.setenv("RAMLM_FUSED_COMPILE", "cached")
+    monkeypatch.setattr(fused_compile, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(fused_compile, "_state", {})
+    monkeypatch.setattr(fused_compile, "_wanted", {})
+    _set_fused(model, True, monkeypatch)
+    runner = ModelRunner(model, num_blocks=4, block_size=16, kv_cache_dtype="fp32")
+    runner.execute([SeqChunk((1, 2), 0, (1,), "last")])
+    runner.execute([SeqChunk((3,), 2, (1,), "last")])
+    assert calls[0] == 0 and not fused_compile.pending() and not list(tmp_path.iterdir())
+    monkeypatch.setenv("RAMLM_FUSED_COMPILE", "inline")  # as the other process did
+    runner.execute([SeqChunk((4,), 3, (1,), "last")])
+    assert calls[0] == len(model.blocks) and list(tmp_path.iterdir())
+    monkeypatch.setenv("RAMLM_FUSED_COMPILE", "cached")
+    monkeypatch.setattr(fused_compile, "_state", {})
+    for b in model.blocks:
+        b.fused.reset()
+    runner.execute([SeqChunk((5,), 4, (1,), "last")])
+    assert calls[0] == 2 * len(model.blocks)
+
+
 def test_an_inline_engine_joins_a_compile_an_earlier_engine_started(model, calls, monkeypatch, tmp_path):
     """A background compile under way (an earlier engine's) and an engine that compiles in line: its first step runs
     fused (it ran every block kernel by kernel while the other thread compiled, a flaky count under load)."""
-    monkeypatch.setattr(fused_compile, "BACKGROUND", True)
+    monkeypatch.setenv("RAMLM_FUSED_COMPILE", "background")
     monkeypatch.setattr(fused_compile, "CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(fused_compile, "_state", {})
     monkeypatch.setattr(fused_compile, "_wanted", {})
@@ -202,7 +227,7 @@ def test_an_inline_engine_joins_a_compile_an_earlier_engine_started(model, calls
     fused_compile.start_pending()
     assert "compiling" in fused_compile._state.values()
     threading.Timer(0.5, gate.set).start()  # the earlier engine's compile ends while the next step waits for it
-    monkeypatch.setattr(fused_compile, "BACKGROUND", False)
+    monkeypatch.setenv("RAMLM_FUSED_COMPILE", "inline")
     runner.execute([SeqChunk((3,), 2, (1,), "last")])
     assert calls[0] == len(model.blocks)
 

@@ -158,7 +158,7 @@ def test_null_entries_out_of_the_window_change_no_bit(hf_and_folder, monkeypatch
     from engine.model.loader import load_model
     from engine.worker.runner import ModelRunner, SeqChunk
     from tests.fused_calls import count_fused_calls
-    monkeypatch.setattr(fused_compile, "BACKGROUND", False)
+    monkeypatch.setenv("RAMLM_FUSED_COMPILE", "inline")
     monkeypatch.setenv("RAMLM_FUSED_BLOCKS", "1" if fused else "0")
     calls = count_fused_calls(monkeypatch)
     model = load_model(hf_and_folder[1])[0]

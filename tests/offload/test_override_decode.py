@@ -13,7 +13,7 @@ from tests.fused_calls import count_fused_calls
 
 @pytest.mark.parametrize("tensor,leaf", [("ffn_down", (1, "down")), ("attn_output", (0, "o"))])
 def test_a_matrix_on_the_device_inside_a_cpu_layer_decodes(tensor, leaf, monkeypatch):
-    monkeypatch.setattr(fused_compile, "BACKGROUND", False)
+    monkeypatch.setenv("RAMLM_FUSED_COMPILE", "inline")
     llm = LLM(gpu_device="cpu", override_tensor=rf"blk\.0\.{tensor}=GPU", max_model_len=256, kv_cache_memory=0.1)
     blocks = llm.llm_engine.model.blocks
     part, attr = leaf

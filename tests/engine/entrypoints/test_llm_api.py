@@ -73,6 +73,7 @@ def test_engine_compiles_new_fused_blocks_after_a_first_token(llm, monkeypatch, 
     sampled a token (not before the first token), and the decode steps after it run the blocks fused."""
     from engine.model import fused_compile
     from tests.fused_calls import count_fused_calls
+    monkeypatch.setenv("RAMLM_FUSED_COMPILE", "background")
     monkeypatch.setattr(fused_compile, "CACHE_DIR", str(tmp_path))  # no markers: every signature is new here
     monkeypatch.setattr(fused_compile, "_state", {})
     monkeypatch.setattr(fused_compile, "_wanted", {})
