@@ -13,13 +13,11 @@ from dataclasses import replace
 
 from engine.errors import ModelLoadError
 from engine.model.architecture import Architecture
+from engine.model.archs import deepseek_moe
 from engine.model.parts.mla import split_kv_b
 from engine.model.registry import register
 from engine.model.config import RopeScaling
-from engine.model.spec import BlockSpec, GatedMLPSpec, MLASpec, MoESpec, Residual, RopeSpec
-
-GATING = {1: "softmax", 2: "sigmoid"}  # llama.cpp's expert_gating_func
-GATING_CODE = {v: k for k, v in GATING.items()}
+from engine.model.spec import BlockSpec, MLASpec, Residual, RopeSpec
 
 
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -56,24 +54,13 @@ class Deepseek2(Architecture):
             raise ModelLoadError(f"{path}: rope dims {rope_dim} do not fit the {head_dim}-dim query heads")
         nextn = m.num("nextn_predict_layers", 0)
         kw["num_layers"] -= nextn  # block_count counts the MTP layers too
-        gating = m.num("expert_gating_func", 1)  # absent: softmax, llama.cpp's reading of DeepSeek-V2 files
-        if gating not in GATING:
-            raise ModelLoadError(f"{path}: expert_gating_func {gating} is not supported (1 softmax, 2 sigmoid)")
         kw.update(num_kv_heads=1, head_dim=head_dim, value_head_dim=value_dim, rope_dim=rope_dim,
                   q_lora_rank=m.num("attention.q_lora_rank", 0), kv_lora_rank=kv_lora,
                   rope_scaling=_unit_rope(kw["rope_scaling"]), nextn_layers=nextn,
                   rope_yarn_log_mul=m.num("rope.scaling.yarn_log_multiplier", 0.0, kind=float),
-                  num_experts=m.num("expert_count", required=True),
-                  num_experts_per_tok=m.num("expert_used_count", required=True),
-                  moe_intermediate_size=m.num("expert_feed_forward_length", required=True),
-                  expert_shared_count=m.num("expert_shared_count", 0),
-                  expert_group_count=m.num("expert_group_count", 1),
-                  expert_group_used_count=m.num("expert_group_used_count", 1),
-                  expert_weights_scale=m.num("expert_weights_scale", 1.0, kind=float) or 1.0,
-                  norm_topk_prob=bool(m.get("expert_weights_norm", False)),
-                  expert_gating=GATING[gating],
-                  expert_selection_bias=any(n.endswith(".exp_probs_b.bias") for n in m.gf.tensors),
-                  dense_layers=tuple(range(m.num("leading_dense_block_count", 0))))
+                  # absent gating: softmax, llama.cpp's reading of DeepSeek-V2 files
+                  **deepseek_moe.gguf_fields(m, default_gating=1),
+                  expert_selection_bias=any(n.endswith(".exp_probs_b.bias") for n in m.gf.tensors))
 
     def hf_config(self, cfg: dict, kw, need) -> None:
         if cfg.get("attention_bias"):
@@ -89,14 +76,8 @@ class Deepseek2(Architecture):
         mscale_all_dim = float(params.get("mscale_all_dim") or 0.0) if kw["rope_scaling"].type != "none" else 0.0
         kw.update(num_kv_heads=1, head_dim=nope + rope, rope_dim=rope, value_head_dim=int(need("v_head_dim")),
                   q_lora_rank=int(cfg.get("q_lora_rank") or 0), kv_lora_rank=int(need("kv_lora_rank")),
-                  rope_yarn_log_mul=0.1 * mscale_all_dim,
-                  num_experts=int(need("n_routed_experts")), num_experts_per_tok=int(need("num_experts_per_tok")),
-                  moe_intermediate_size=int(need("moe_intermediate_size")),
-                  expert_shared_count=int(cfg.get("n_shared_experts") or 0),
-                  expert_group_count=int(cfg.get("n_group") or 1), expert_group_used_count=int(cfg.get("topk_group") or 1),
-                  expert_weights_scale=float(cfg.get("routed_scaling_factor") or 1.0),
-                  norm_topk_prob=bool(cfg.get("norm_topk_prob", True)), expert_gating="sigmoid",
-                  expert_selection_bias=True, dense_layers=tuple(range(int(cfg.get("first_k_dense_replace") or 0))))
+                  rope_yarn_log_mul=0.1 * mscale_all_dim, **deepseek_moe.hf_fields(cfg, need),
+                  expert_selection_bias=True)
 
     def hf_split(self, cfg, suffix: str):
         # kv_b_proj -> attn_k_b / attn_v_b, as llama.cpp's converter splits it
@@ -117,7 +98,7 @@ class Deepseek2(Architecture):
                "attention.q_lora_rank": cfg.q_lora_rank, "attention.kv_lora_rank": cfg.kv_lora_rank,
                "leading_dense_block_count": len(cfg.dense_layers), "expert_shared_count": cfg.expert_shared_count,
                "expert_weights_scale": float(cfg.expert_weights_scale),
-               "expert_gating_func": GATING_CODE[cfg.expert_gating]}
+               "expert_gating_func": deepseek_moe.GATING_CODE[cfg.expert_gating]}
         if cfg.rope_yarn_log_mul:
             out["rope.scaling.yarn_log_multiplier"] = float(cfg.rope_yarn_log_mul)
         return out
@@ -128,14 +109,5 @@ class Deepseek2(Architecture):
             if cfg.rope_scaling.type != "none" and cfg.rope_scaling.factor > 1 else 1.0
         attn = MLASpec(rope, cfg.q_lora_rank, cfg.kv_lora_rank, cfg.value_head_dim or cfg.head_dim,
                        mscale * mscale / math.sqrt(cfg.head_dim))
-        if layer in cfg.dense_layers:
-            ffn = GatedMLPSpec(cfg.hidden_act)
-        else:
-            width = cfg.moe_intermediate_size
-            shared = GatedMLPSpec(cfg.hidden_act, width * cfg.expert_shared_count, suffix="_shexp") \
-                if cfg.expert_shared_count else None
-            ffn = MoESpec(cfg.num_experts, cfg.num_experts_per_tok, width, cfg.norm_topk_prob,
-                          scoring=cfg.expert_gating, selection_bias=cfg.expert_selection_bias,
-                          n_group=cfg.expert_group_count, topk_group=cfg.expert_group_used_count,
-                          routed_scale=cfg.expert_weights_scale, shared=shared)
+        ffn = deepseek_moe.ffn(cfg, layer, selection_bias=cfg.expert_selection_bias)
         return BlockSpec((Residual(attn, "attn_norm"), Residual(ffn, "ffn_norm")))
