@@ -75,9 +75,15 @@ def test_kernel_by_kernel_matches_transformers(tiny, monkeypatch):
     assert _rel(got, ref) < 2e-3, arch
 
 
+FLOAT_FUSED_ARCH = "qwen3moe"  # float32 weights, stacked experts too, run fused in one family (each model compiles)
+
+
 @pytest.mark.parametrize("which", ["hf", "gguf"])
 def test_fused_decode_is_bitwise_the_kernels(tiny, monkeypatch, which):
     arch, folder, path, _ = tiny
+    if which == "hf" and arch != FLOAT_FUSED_ARCH:
+        pytest.skip(f"float32 weights run fused on {FLOAT_FUSED_ARCH}: GEMVs and expert slices are the only calls a "
+                    "format picks")
     src = folder if which == "hf" else path
     monkeypatch.setenv("RAMLM_FUSED_COMPILE", "inline")
     model, plain = _kernels(src, monkeypatch, fused=False)

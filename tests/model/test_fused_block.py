@@ -56,7 +56,8 @@ def model(request, tmp_path_factory):
     path = str(folder / "model.gguf")
     write_gguf(path, ws.config, tensors, _pick(LAYOUTS[layout]))
     m = load_model(path)[0]
-    m.test_kv = "fp32" if layout == "all own" else "fp16"  # both cache dtypes, without running every case twice
+    # Both cache dtypes over the layouts, one per model (each pair of model and dtype is a signature to compile)
+    m.test_kv = "fp32" if layout == "all own" else "fp16"
     return m
 
 
@@ -81,9 +82,9 @@ def _set_fused(model, on: bool, monkeypatch):
 PROMPTS = [[5, 17, 99, 3, 250, 42, 7, 8, 9, 200, 13, 77, 31], [1, 2, 3, 4, 5, 6, 7], [9, 8, 7, 6, 5]]
 
 
-def _run(model, steps, kv="fp16"):
+def _run(model, steps):
     """Prompts prefilled together, then `steps` decode steps of every sequence; logits and caches."""
-    runner = ModelRunner(model, num_blocks=80, block_size=16, kv_cache_dtype=kv)
+    runner = ModelRunner(model, num_blocks=80, block_size=16, kv_cache_dtype=model.test_kv)
     seqs = [list(p) for p in PROMPTS] + [[11 + i, 3] for i in range(15)]  # 18 sequences: rows past PAR_MIN_ROWS
     blocks = [(1 + 2 * s, 2 + 2 * s) for s in range(len(seqs))]
     out = runner.execute([SeqChunk(tuple(p), 0, blocks[s], "all") for s, p in enumerate(seqs)])
@@ -98,13 +99,12 @@ def _run(model, steps, kv="fp16"):
 
 
 def test_fused_block_is_bitwise_the_parts(model, calls, monkeypatch):
-    kv = model.test_kv
     _set_fused(model, False, monkeypatch)
-    plain, plain_kv = _run(model, 4, kv)
+    plain, plain_kv = _run(model, 4)
     assert calls[0] == 0
     _set_fused(model, True, monkeypatch)
     before = num_threads()
-    fused, fused_kv = _run(model, 4, kv)
+    fused, fused_kv = _run(model, 4)
     assert calls[0] >= 4 * len(model.blocks)  # the decode steps and the short prompt chunks ran fused
     assert num_threads() == before
     for a, b in zip(plain, fused):
@@ -132,7 +132,7 @@ def test_fused_block_on_one_thread_when_every_kernel_is_small(model, calls, monk
 def test_long_prefill_chunk_runs_the_parts(model, calls, monkeypatch):
     """A chunk longer than GEMV_MAX_M takes the dense prefill path: the fused block steps aside."""
     _set_fused(model, True, monkeypatch)
-    runner = ModelRunner(model, num_blocks=20, block_size=16, kv_cache_dtype="fp32")
+    runner = ModelRunner(model, num_blocks=20, block_size=16, kv_cache_dtype=model.test_kv)
     runner.execute([SeqChunk(tuple(range(1, 41)), 0, (1, 2, 3), "last")])
     assert calls[0] == 0
     runner.execute([SeqChunk((7,), 40, (1, 2, 3), "last")])
@@ -143,7 +143,7 @@ def test_a_replaced_part_turns_the_fused_block_off(model, calls, monkeypatch):
     """The offload layer may swap a part after load: the block then runs its parts, with the new one."""
     _set_fused(model, True, monkeypatch)
     block = model.blocks[0]
-    runner = ModelRunner(model, num_blocks=20, block_size=16, kv_cache_dtype="fp32")
+    runner = ModelRunner(model, num_blocks=20, block_size=16, kv_cache_dtype=model.test_kv)
     runner.execute([SeqChunk((1, 2, 3), 0, (1,), "last")])
     n = calls[0]
     assert n == len(model.blocks)
@@ -158,7 +158,7 @@ def test_a_replaced_part_turns_the_fused_block_off(model, calls, monkeypatch):
 
 def test_an_error_inside_restores_the_thread_count(model, monkeypatch):
     _set_fused(model, True, monkeypatch)
-    runner = ModelRunner(model, num_blocks=4, block_size=16, kv_cache_dtype="fp32")
+    runner = ModelRunner(model, num_blocks=4, block_size=16, kv_cache_dtype=model.test_kv)
     runner.execute([SeqChunk((1, 2), 0, (1,), "last")])
     before = num_threads()
     meta = runner.build_batch([SeqChunk((3,), 2, (1,), "last")])
@@ -176,7 +176,7 @@ def test_a_new_signature_compiles_in_the_background(model, calls, monkeypatch, t
     monkeypatch.setattr(fused_compile, "_state", {})
     monkeypatch.setattr(fused_compile, "_wanted", {})
     _set_fused(model, True, monkeypatch)
-    runner = ModelRunner(model, num_blocks=4, block_size=16, kv_cache_dtype="fp32")
+    runner = ModelRunner(model, num_blocks=4, block_size=16, kv_cache_dtype=model.test_kv)
     runner.execute([SeqChunk((1, 2), 0, (1,), "last")])
     assert calls[0] == 0 and fused_compile.pending()  # noted, not compiling: the engine starts it after a token
     runner.execute([SeqChunk((3,), 2, (1,), "last")])
@@ -197,7 +197,7 @@ def test_cached_mode_compiles_nothing_and_runs_cached_signatures(model, calls, m
     monkeypatch.setattr(fused_compile, "_state", {})
     monkeypatch.setattr(fused_compile, "_wanted", {})
     _set_fused(model, True, monkeypatch)
-    runner = ModelRunner(model, num_blocks=4, block_size=16, kv_cache_dtype="fp32")
+    runner = ModelRunner(model, num_blocks=4, block_size=16, kv_cache_dtype=model.test_kv)
     runner.execute([SeqChunk((1, 2), 0, (1,), "last")])
     runner.execute([SeqChunk((3,), 2, (1,), "last")])
     assert calls[0] == 0 and not fused_compile.pending() and not list(tmp_path.iterdir())
@@ -222,7 +222,7 @@ def test_an_inline_engine_joins_a_compile_an_earlier_engine_started(model, calls
     _set_fused(model, True, monkeypatch)
     gate, real = threading.Event(), fused_compile._compile
     monkeypatch.setattr(fused_compile, "_compile", lambda key, sig: (gate.wait(), real(key, sig)))
-    runner = ModelRunner(model, num_blocks=4, block_size=16, kv_cache_dtype="fp32")
+    runner = ModelRunner(model, num_blocks=4, block_size=16, kv_cache_dtype=model.test_kv)
     runner.execute([SeqChunk((1, 2), 0, (1,), "last")])
     fused_compile.start_pending()
     assert "compiling" in fused_compile._state.values()
@@ -237,7 +237,7 @@ def test_long_chunk_through_the_scratch_buffer_gives_the_same_logits(model, monk
     from engine.model.parts import linear as layers
 
     def logits():
-        runner = ModelRunner(model, num_blocks=20, block_size=16, kv_cache_dtype="fp32")
+        runner = ModelRunner(model, num_blocks=20, block_size=16, kv_cache_dtype=model.test_kv)
         return runner.execute([SeqChunk(tuple(range(1, 41)), 0, (1, 2, 3), "all")])[0]
 
     fresh = logits()
