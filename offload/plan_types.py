@@ -164,7 +164,7 @@ class KVPlan:
     dtype: str
     num_blocks: int                 # blocks per layer (one block id space for all layers), null block included
     tokens: int                     # num_blocks * block_size
-    bytes_per_block_per_layer: int
+    bytes_per_block_per_layer: int  # the largest layer's (Gemma 4's layers differ; the sums count each its own)
     layers_by_device: dict          # device -> layers whose KV is there
     num_cpu_blocks: int = 0         # RAM tier behind the GPU blocks
     limited_by: str = ""

@@ -359,7 +359,7 @@ class _Planner(SizeModel):
         ram_kv = self.kv_bytes(blocks, [lp.index for lp in layers if lp.kv_device == "cpu" and self.kv_flags[lp.index]])
         ram_use = DeviceUsage("cpu", self.ram.free_bytes, ram_w,
                               # the tier holds a swapped block's KV in every layer (one block id space)
-                              ram_kv + tier * per * self.n_kv_layers + self.state_bytes(choices, False), cpu_work)
+                              ram_kv + tier * sum(self.layer_block_bytes) + self.state_bytes(choices, False), cpu_work)
         usage.append(ram_use)
         if g is not None and (gpu_w or gpu_kv_layers or out_gpu):
             dev_kv = self.kv_bytes(blocks, [lp.index for lp in layers
@@ -380,7 +380,7 @@ class _Planner(SizeModel):
                             + ", ".join(f"{n} layer(s) in {'RAM' if d == 'cpu' else d}" for d, n in kv_by.items())
                             + (" (--kv-offload: attention of GPU layers runs on the CPU over it)" if o.kv_offload
                                and gpu_kv_layers == 0 and len(kv_by) else "")
-                            + (f"; a RAM tier of {tier} blocks ({gib(tier * per * self.n_kv_layers)}) behind the GPU"
+                            + (f"; a RAM tier of {tier} blocks ({gib(tier * sum(self.layer_block_bytes))}) behind the GPU"
                                " blocks" if tier else ""))
         if self.state_slots:
             linear = [i for i in range(self.L) if self.m.state_bytes_of(i)]

@@ -2,7 +2,7 @@
 
 Bytes on a GPU: packed GGUF blocks as stored, or numel x the dtype dequantized to; norms, biases and MoE
 routers in float32. KV: 2 (K and V; 1 where V is K, MLA's latent) x block_size x kv heads x head_dim x the KV dtype
-per block per layer (ModelMeta.kv, from the architecture's BlockSpecs), in as many blocks as the pool has on full
+per block in each layer (ModelMeta.layer_cache, from the architecture's kv_layout), in as many blocks as the pool has on full
 attention layers and at most what max_num_seqs requests' windows need on sliding ones (kv_bytes). Work:
 activations of max_num_batched_tokens rows, attention scratch, dequantization tiles, staging for
 streamed layers and the logits of the rows that sample. Margin: the runtime's own (CUDA context).
@@ -83,11 +83,13 @@ class SizeModel:
         self.ram = devices.ram
         self.gpu: DeviceInfo | None = None
         self.units = [self._layer_units(i) for i in range(self.L)]
-        self.block_layer_bytes = meta.kv.bytes_per_block(o.block_size, o.kv_cache_dtype)
+        # One block's bytes in each layer (0 where the layer holds none of its own); the largest is what plans report.
+        self.layer_block_bytes = [meta.layer_cache(i).bytes_per_block(o.block_size, o.kv_cache_dtype)
+                                  if meta.has_kv(i) else 0 for i in range(self.L)]
+        self.block_layer_bytes = max(self.layer_block_bytes, default=0)
         # Hybrid models: only paged layers hold KV blocks; linear-attention layers hold state_slots states each
         # (the engine's count when it plans, else one live state per running request and the scratch slot).
         self.kv_flags = [meta.has_kv(i) for i in range(self.L)]
-        self.n_kv_layers = sum(self.kv_flags)
         self.state_slots = (o.num_state_slots or o.max_num_seqs + 1) if meta.has_states else 0
         self.ignore_rules = False
         self._layer_bytes: dict[tuple, tuple[int, int, int]] = {}
@@ -109,7 +111,8 @@ class SizeModel:
     def kv_bytes(self, blocks: int, layers) -> int:
         """KV bytes of a pool of `blocks` blocks in the given layers (a sliding layer's capped at what it uses)."""
         cap = self.layer_cap
-        return sum(self.block_layer_bytes * (blocks if cap[i] is None else min(blocks, cap[i])) for i in layers)
+        per = self.layer_block_bytes
+        return sum(per[i] * (blocks if cap[i] is None else min(blocks, cap[i])) for i in layers)
 
     def blocks_within(self, budget: int, layers, most: int) -> int:
         """The largest pool (at most `most` blocks) whose KV in `layers` fits `budget` bytes."""
@@ -126,7 +129,7 @@ class SizeModel:
         """Bytes of RAM the KV may take, and what set them."""
         o, m = self.o, self.m
         if o.kv_pool_blocks is not None:
-            return (o.kv_pool_blocks * self.block_layer_bytes * self.n_kv_layers,
+            return (o.kv_pool_blocks * sum(self.layer_block_bytes),
                     "the engine's KV pool (kv_cache_memory, else a share of the RAM left after the weights)")
         if o.kv_cache_memory is not None:
             return int(o.kv_cache_memory * GIB), f"kv_cache_memory {o.kv_cache_memory:g} GiB"

@@ -117,12 +117,22 @@ def test_kv_shared_layers_hold_no_cache_and_are_counted_so(dense):
     assert [meta.has_kv(i) for i in range(6)] == [True] * 4 + [False] * 2  # the planner counts 4 layers' blocks
 
 
-def test_planner_counts_the_layers_that_own_a_cache():
-    """gemma-4-26b-a4b's shape: 25 sliding layers of 8 x 256 and 5 full ones of 2 x 512, each with its own cache; the
-    planner counts every one as the largest (8 x 256 K and V). (KV-shared layers count none: the test above.)"""
+def test_planner_counts_each_layer_at_its_own_size():
+    """gemma-4-26b-a4b's shape: 25 sliding layers of 8 x 256 and 5 full ones of 2 x 512 (K only: attention_k_eq_v),
+    each with its own cache: the planner's KV bytes for a pool are those the runner allocates for it (each layer at
+    its own size), not every layer at the largest."""
+    from engine.core.kv_spec import layout_bytes_per_block
+    from offload.devices import probe_devices
     from offload.meta import synthetic_meta
+    from offload.plan_types import PlanOptions
+    from offload.sizes import SizeModel
     meta = synthetic_meta("gemma4-26b-a4b", "q4_k_m")
     assert all(meta.has_kv(i) for i in range(30)) and (meta.kv.num_heads, meta.kv.head_dim) == (8, 256)
+    sizes = SizeModel(meta, probe_devices(gpus=False), PlanOptions(block_size=16, kv_cache_dtype="fp16",
+                                                          num_gpu_blocks_override=100))  # no window caps
+    per_block = layout_bytes_per_block(meta.kv_layout, 16, "fp16")
+    assert sizes.kv_bytes(100, range(30)) == 100 * per_block
+    assert per_block < 30 * meta.kv.bytes_per_block(16, "fp16")
 
 
 def _multimodal(tmp_path):
