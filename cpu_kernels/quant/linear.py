@@ -212,9 +212,14 @@ def q8_roundtrip(x: np.ndarray) -> np.ndarray:
     return (np.rint(xb * inv) * d).astype(np.float32).reshape(M, K)
 
 
-def stacked_experts(ggml_type, raw: np.ndarray, shape: tuple[int, int, int]) -> tuple[tuple, list[QuantLinear]]:
+RELEASE_BYTES = 64 << 20  # stacked_experts hands back the file's pages this often (peak RSS: the file + this)
+
+
+def stacked_experts(ggml_type, raw: np.ndarray, shape: tuple[int, int, int],
+                    repacked=None) -> tuple[tuple, list[QuantLinear]]:
     """E experts' (N, K) weights from one stacked GGUF tensor (raw (E, N, row bytes), or typed for float formats),
-    repacked once into arrays with a leading expert axis.
+    repacked once into arrays with a leading expert axis. repacked(lo, hi), if given, is told the raw bytes
+    [lo, hi) are done with, every RELEASE_BYTES or so (a big tensor's mapped pages then leave RSS as it goes).
 
     Returns:
         (the packed arrays (E, ...) in the format's field order, one QuantLinear per expert viewing them).
@@ -226,11 +231,14 @@ def stacked_experts(ggml_type, raw: np.ndarray, shape: tuple[int, int, int]) -> 
         flat = QuantLinear.from_raw(ggml_type, raw.reshape(E * N, -1), (E * N, K))
         arrays = tuple(a.reshape(E, -1, *a.shape[1:]) for a in flat.packed)
     else:
-        arrays = None
+        arrays, per, done = None, raw[0].nbytes, 0
         for e in range(E):
             one = QuantLinear.from_raw(ggml_type, raw[e], (N, K)).packed
             if arrays is None:
                 arrays = tuple(np.empty((E, *a.shape), a.dtype) for a in one)
             for dst, src in zip(arrays, one):
                 dst[e] = src
+            if repacked is not None and ((e + 1) * per - done >= RELEASE_BYTES or e == E - 1):
+                repacked(done, (e + 1) * per)
+                done = (e + 1) * per
     return arrays, [QuantLinear(fmt, tuple(a[e] for a in arrays), N, K) for e in range(E)]

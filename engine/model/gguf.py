@@ -137,16 +137,17 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path}: tensor '{name}': file is closed")
         return raw_view(self._mm, self.info(name))
 
-    def release(self, name: str) -> None:
-        """Tell the kernel this process is done with tensor `name`'s mapped pages (after repacking it): they
-        leave the process's RSS (the page cache keeps them; a later raw() faults them back in). Whole
-        pages inside the tensor only, so a neighbour's pages stay."""
+    def release(self, name: str, lo: int = 0, hi: int | None = None) -> None:
+        """Tell the kernel this process is done with tensor `name`'s mapped pages (after repacking it), or with
+        its bytes [lo, hi): they leave the process's RSS (the page cache keeps them; a later raw() faults them
+        back in). Whole pages inside the range only, so a neighbour's pages stay."""
         if self._mm is None or not hasattr(self._mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
             return
         info = self.info(name)
+        hi = info.nbytes if hi is None else min(hi, info.nbytes)
         page = mmap.PAGESIZE
-        start = -(-info.offset // page) * page
-        end = (info.offset + info.nbytes) // page * page
+        start = -(-(info.offset + lo) // page) * page
+        end = (info.offset + hi) // page * page
         if end > start:
             try:
                 self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)

@@ -41,8 +41,9 @@ class WeightSource:
     def __contains__(self, name: str) -> bool:
         return name in set(self.names())
 
-    def release(self, name: str) -> None:
-        """The caller copied tensor `name` (repacked it): its mapped pages may leave RSS. Optional."""
+    def release(self, name: str, lo: int = 0, hi: int | None = None) -> None:
+        """The caller copied tensor `name` (repacked it), or its bytes [lo, hi): their mapped pages may leave
+        RSS. Optional."""
 
     def required(self, names: Iterable[str]) -> None:
         """Raise ModelLoadError naming the tensors of `names` that are missing."""
@@ -73,8 +74,8 @@ class GGUFWeights(WeightSource):
     def raw(self, name: str) -> np.ndarray:
         return self.gguf.raw(name)
 
-    def release(self, name: str) -> None:
-        self.gguf.release(name)
+    def release(self, name: str, lo: int = 0, hi: int | None = None) -> None:
+        self.gguf.release(name, lo, hi)
 
 
 def open_weights(path: str | os.PathLike) -> WeightSource:

@@ -9,6 +9,7 @@ import numpy as np
 
 from cpu_kernels.moe import SCORINGS, add_shared, expert_rows, router_input, scale_chosen
 from cpu_kernels.quant.linear import stacked_experts
+from cpu_kernels.quant.registry import get_format
 from engine.model.parts import mlp
 from engine.model.parts.base import Part, packed_linears
 from engine.model.parts.linear import Linear, has, vector
@@ -41,11 +42,12 @@ class MoE(Part):
         self.stacked, per_proj, self.biases = [], [], []
         for k, name in self.expert_names.items():
             info = ws.info(name)
-            arrays, weights = stacked_experts(info.ggml_type, ws.raw(name), info.shape)
+            # Repacked copies: the mapped pages may leave RSS as the repack goes
+            release = (lambda lo, hi, name=name: ws.release(name, lo, hi)) \
+                if get_format(info.ggml_type).repack_copies else None
+            arrays, weights = stacked_experts(info.ggml_type, ws.raw(name), info.shape, release)
             self.stacked.append((info.ggml_type, arrays))
             per_proj.append(weights)
-            if weights[0].fmt.repack_copies:
-                ws.release(name)  # repacked: the mapped pages may leave RSS
             bias = prefix + f"ffn_{k}_exps.bias"
             self.biases.append(_expert_bias(ws, bias, info.shape) if spec.expert_bias else _NO_BIAS)
         # Per expert, its (gate, up, down) Linears over views of the stacked arrays (biases: rows of the stacked ones).
