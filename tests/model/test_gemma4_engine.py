@@ -1,102 +1,46 @@
 """The engine over Gemma 4's caches (tiny gemma4: sliding layers of window 5 and full layers with their own head_dim,
 two KV-shared layers reading their sources' blocks, per-layer embeddings): batched, chunked at odd chunk sizes, with
-prefix-cache hits and preemption, each request's answer equals its solo run (token for token under batch_invariant;
-up to the first near tie otherwise, the rule of tests/engine/worker/test_batching.py). The MoE model (a dense MLP
-beside the experts) once through the same runs."""
+prefix-cache hits and preemption, each request's answer equals its solo run (tests/model/engine_vs_solo.py). The MoE
+model (a dense MLP beside the experts) once through the same runs."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from engine import LLM, SamplingParams
-from tests.model.tiny_models import save_tiny_tokenizer, tiny_model
-from tests.near_ties import assert_same_up_to_near_ties
-
-_rng = np.random.default_rng(11)
-SHARED = [int(t) for t in _rng.integers(2, 256, 37)]  # two blocks and a bit: prefix-cache hits
-PROMPTS = [[int(t) for t in _rng.integers(2, 256, n)] for n in (5, 23, 41, 9, 30)]
-PROMPTS += [SHARED + [int(t) for t in _rng.integers(2, 256, n)] for n in (3, 8, 12)]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=10, logprobs=2, ignore_eos=True)
-LONGER = SamplingParams(temperature=0.0, max_tokens=24, logprobs=2, ignore_eos=True)
-COMMON = dict(max_model_len=128, kv_cache_memory=0.02)
-TINY_POOL = 6  # 5 usable blocks of 16 tokens: running requests outgrow it and are preempted
+from tests.model import engine_vs_solo as ev
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gemma4_engine")
-    tiny_model("gemma4").save_pretrained(path, safe_serialization=True)
-    save_tiny_tokenizer(path)
-    return str(path)
-
-
-def _prompts():
-    return [{"prompt_token_ids": p} for p in PROMPTS]
-
-
-def one_by_one(llm, params=GREEDY):
-    return [llm.generate(p, params, use_tqdm=False)[0] for p in _prompts()]
-
-
-def ids(outs, n=None):
-    return [o.outputs[0].token_ids[:n] for o in outs]
+    return ev.tiny_folder(tmp_path_factory.mktemp("gemma4_engine"), "gemma4")
 
 
 @pytest.fixture(scope="module")
 def solo_invariant(folder):
-    llm = LLM(model=folder, batch_invariant=True, enable_prefix_caching=False, **COMMON)
+    llm = ev.solo_invariant_llm(folder)
     caches = llm.llm_engine.runner.kv_caches
     assert caches[4] is caches[2] and caches[5] is caches[3]  # the KV-shared layers hold their sources' blocks
-    return ids(one_by_one(llm, LONGER))
+    return ev.ids(ev.one_by_one(llm, ev.LONGER))
 
 
-@pytest.mark.parametrize("budget,caching,blocks", [(7, False, None), (13, True, None), (2048, True, None),
-                                                    (2048, True, TINY_POOL), (11, True, TINY_POOL)])
+@pytest.mark.parametrize("budget,caching,blocks", ev.INVARIANT_CASES)
 def test_batch_invariant_runs_equal_each_solo_run(folder, solo_invariant, budget, caching, blocks):
-    llm = LLM(model=folder, batch_invariant=True, max_num_batched_tokens=budget, enable_prefix_caching=caching,
-              num_gpu_blocks_override=blocks, **COMMON)
-    if caching:  # a first pass fills the prefix cache: the shared-prefix prompts then start from cached blocks
-        llm.generate(_prompts()[-1:], GREEDY, use_tqdm=False)
-    outs = llm.generate(_prompts(), LONGER, use_tqdm=False)
-    assert ids(outs) == solo_invariant
-    if caching and not blocks:  # (a tiny pool evicts the cached blocks)
-        assert all(o.num_cached_tokens >= 32 for o in outs[-3:])
-    if blocks:
-        assert llm.llm_engine.scheduler.num_preemptions > 0
-    assert llm.llm_engine.kv_manager.usage == 0.0  # every block given back
+    ev.check_batch_invariant(folder, solo_invariant, budget, caching, blocks)
 
 
 @pytest.fixture(scope="module")
 def solo_default(folder):
-    llm = LLM(model=folder, enable_prefix_caching=False, **COMMON)
-    return one_by_one(llm)
+    return ev.solo_default(folder)
 
 
-@pytest.mark.parametrize("budget,blocks", [(5, None), (17, None), (2048, None), (2048, TINY_POOL)])
+@pytest.mark.parametrize("budget,blocks", ev.DEFAULT_CASES)
 def test_default_mode_equals_solo_up_to_near_ties(folder, solo_default, budget, blocks):
-    llm = LLM(model=folder, max_num_batched_tokens=budget, num_gpu_blocks_override=blocks, **COMMON)
-    llm.generate(_prompts()[-1:], GREEDY, use_tqdm=False)
-    outs = llm.generate(_prompts(), LONGER if blocks else GREEDY, use_tqdm=False)
-    assert_same_up_to_near_ties(solo_default, outs)
-    if blocks:
-        assert llm.llm_engine.scheduler.num_preemptions > 0
-    assert llm.llm_engine.kv_manager.usage == 0.0
+    ev.check_default(folder, solo_default, budget, blocks)
 
 
 def test_moe_model_runs_equal_each_solo_run(tmp_path):
     """gemma4-moe (dense MLP + MoE in parallel) batched in chunks of 7 with prefix-cache hits, then preempted from a
     tiny pool: token for token its solo runs under batch_invariant."""
-    tiny_model("gemma4-moe").save_pretrained(tmp_path, safe_serialization=True)
-    save_tiny_tokenizer(tmp_path)
-    folder = str(tmp_path)
-    solo = ids(one_by_one(LLM(model=folder, batch_invariant=True, enable_prefix_caching=False, **COMMON), LONGER))
-    for budget, blocks in ((7, None), (2048, TINY_POOL)):
-        llm = LLM(model=folder, batch_invariant=True, max_num_batched_tokens=budget, enable_prefix_caching=True,
-                  num_gpu_blocks_override=blocks, **COMMON)
-        llm.generate(_prompts()[-1:], GREEDY, use_tqdm=False)
-        outs = llm.generate(_prompts(), LONGER, use_tqdm=False)
-        assert ids(outs) == solo, (budget, blocks)
-        if blocks:
-            assert llm.llm_engine.scheduler.num_preemptions > 0
-        else:
-            assert all(o.num_cached_tokens >= 32 for o in outs[-3:])
+    folder = ev.tiny_folder(tmp_path, "gemma4-moe")
+    solo = ev.ids(ev.one_by_one(ev.solo_invariant_llm(folder), ev.LONGER))
+    for budget, blocks in ((7, None), (2048, ev.TINY_POOL)):
+        ev.check_batch_invariant(folder, solo, budget, True, blocks)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +39,9 @@ class _Pty:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # child
             os.chdir(REPO)
+            # As a terminal's shell starts a foreground job: Ctrl-C's default action (a test run started in the
+            # background by a non-interactive shell ignores SIGINT, and exec keeps an ignored signal ignored).
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execv(argv[0], argv)
         self.buf = b""
 
