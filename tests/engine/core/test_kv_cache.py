@@ -1,25 +1,10 @@
 """Block pool and KV-cache manager: exact block ids, ref counts, prefix reuse, free order, LRU eviction."""
-from dataclasses import dataclass
-
 import pytest
 
 from engine.core.kv_cache import (ROOT_HASH, BlockPool, KVCacheManager, hash_block_tokens,
                              num_blocks_for_budget)
 from engine.core.request import Request
-
-
-@dataclass
-class SP:
-    max_tokens: int | None = 16
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    stop_token_ids: list | None = None
-    n: int = 1
-    prompt_logprobs: int | None = None
-
-
-def req(rid, tokens, **sp):
-    return Request(rid, tokens, SP(**sp), max_model_len=1024)
+from tests.engine.core.fake_requests import SP, req
 
 
 def prefill(kv, r):

@@ -1,26 +1,10 @@
 """Cache groups: sliding-window layers' blocks freed as requests advance, prefix hits across groups, the pool split."""
-from dataclasses import dataclass
-
 import pytest
 
 from engine.core.kv_cache import KVCacheManager
 from engine.core.kv_spec import LayerKV, cache_groups, layer_groups, sliding_blocks_per_seq, split_pool
-from engine.core.request import Request
 from engine.core.scheduler import Scheduler
-
-
-@dataclass
-class SP:
-    max_tokens: int | None = 16
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    stop_token_ids: list | None = None
-    n: int = 1
-    prompt_logprobs: int | None = None
-
-
-def req(rid, tokens, **sp):
-    return Request(rid, tokens, SP(**sp), max_model_len=1024)
+from tests.engine.core.fake_requests import req
 
 
 def step(kv, r, n):

@@ -1,23 +1,14 @@
 """Scheduler with no model: budgets, chunked prefill, decode-first, preemption, aborts, stops, n > 1."""
 import random
-from dataclasses import dataclass
 
 import pytest
 
 from engine.core.kv_cache import KVCacheManager
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
+from tests.engine.core.fake_requests import SP
 
 EOS = 2
-
-
-@dataclass
-class SP:
-    max_tokens: int | None = 16
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    stop_token_ids: list | None = None
-    n: int = 1
 
 
 def make(num_blocks=64, block_size=4, budget=64, max_num_seqs=16, max_model_len=256, **kw):
