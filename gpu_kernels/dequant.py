@@ -1,4 +1,5 @@
-"""GGUF block formats dequantized by torch on any device: packed weights stay packed in device memory.
+"""GGUF block formats (and ramlm's FP8_E4M3) dequantized by torch on any device: packed weights stay packed in
+device memory.
 
 Each function is gguf-py's numpy `dequantize_blocks` (the oracle cpu_kernels is tested against) written
 with torch ops, operation for operation, so the results are bit-equal to it. Input: uint8 blocks
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import gguf
 import torch
+
+from cpu_kernels.quant.qtypes import QUANT_SIZES, RamlmType, qtype
 
 Q = gguf.GGMLQuantizationType
 QK_K = 256
@@ -144,22 +147,29 @@ def mxfp4(b):
     return d * table[_nibbles(b[:, 1:], 1, 16).to(torch.int64)]
 
 
+def fp8_e4m3(b: torch.Tensor) -> torch.Tensor:
+    """RamlmType.FP8_E4M3 blocks: float32 scale, 128 e4m3fn bytes (value = e4m3 * scale, rounded once)."""
+    d = b[:, :4].contiguous().view(torch.float32)
+    return b[:, 4:].contiguous().view(torch.float8_e4m3fn).to(torch.float32) * d
+
+
 DEQUANT = {Q.Q4_0: q4_0, Q.Q4_1: q4_1, Q.Q5_0: q5_0, Q.Q5_1: q5_1, Q.Q8_0: q8_0, Q.Q2_K: q2_k,
-           Q.Q3_K: q3_k, Q.Q4_K: q4_k, Q.Q5_K: q5_k, Q.Q6_K: q6_k, Q.MXFP4: mxfp4}
+           Q.Q3_K: q3_k, Q.Q4_K: q4_k, Q.Q5_K: q5_k, Q.Q6_K: q6_k, Q.MXFP4: mxfp4,
+           RamlmType.FP8_E4M3: fp8_e4m3}
 FLOAT_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 
 
 def has_device_dequant(ggml_type) -> bool:
     """Whether weights of this type can stay packed on a torch device."""
-    t = Q(ggml_type)
+    t = qtype(ggml_type)
     return t in DEQUANT or t in FLOAT_TYPES
 
 
 def dequantize_rows(raw: torch.Tensor, ggml_type, K: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """raw: GGUF rows as stored, uint8 (N, row_bytes), or typed (N, K) for F32/F16/BF16 -> (N, K) `dtype`."""
-    t = Q(ggml_type)
+    t = qtype(ggml_type)
     if t in FLOAT_TYPES:
         return raw.to(dtype)
-    block, size = gguf.GGML_QUANT_SIZES[t]
+    block, size = QUANT_SIZES[t]
     N = raw.shape[0]
     return DEQUANT[t](raw.reshape(-1, size)).reshape(N, K).to(dtype)

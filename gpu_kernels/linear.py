@@ -12,6 +12,7 @@ import gguf
 import numpy as np
 import torch
 
+from cpu_kernels.quant.qtypes import qtype
 from gpu_kernels import triton_dispatch
 from gpu_kernels.dequant import DEQUANT, FLOAT_TYPES, dequantize_rows, has_device_dequant
 
@@ -39,7 +40,7 @@ def from_numpy(a: np.ndarray) -> torch.Tensor:
 def typed_raw(raw: np.ndarray, ggml_type) -> torch.Tensor:
     """GGUF raw rows as a CPU tensor (a view of the map): uint8 for block formats, typed for floats."""
     t = from_numpy(raw)
-    if Q(ggml_type) == Q.BF16:
+    if qtype(ggml_type) == Q.BF16:
         t = t.view(torch.bfloat16)
     return t
 
@@ -57,7 +58,8 @@ class DeviceWeight:
         self.data, self.kind, self.ggml_type, self.N, self.K = data, kind, ggml_type, N, K
         self.device, self.compute_dtype = device, compute_dtype
         self.streamed = streamed or data.device != device
-        self.block_packed = kind == "packed" and Q(ggml_type) in DEQUANT  # what the Triton matmul takes
+        # what the Triton matmul takes: GGML's block formats (ramlm's own dequantize through torch)
+        self.block_packed = kind == "packed" and isinstance(qtype(ggml_type), Q) and qtype(ggml_type) in DEQUANT
 
     @property
     def nbytes(self) -> int:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 import gguf
 import numpy as np
 
+from cpu_kernels.quant.qtypes import qtype
 from engine.core.kv_spec import LayerCache, LayerKV, is_paged
 
 Q = gguf.GGMLQuantizationType
@@ -116,7 +117,7 @@ def model_meta(ws) -> ModelMeta:
     tensors = []
     for n in names:
         info = ws.info(n)
-        tensors.append(TensorMeta(n, Q(info.ggml_type).name, tuple(int(s) for s in info.shape), int(info.nbytes)))
+        tensors.append(TensorMeta(n, qtype(info.ggml_type).name, tuple(int(s) for s in info.shape), int(info.nbytes)))
     tied = bool(cfg.tie_word_embeddings) or "output.weight" not in names
     name = cfg.name or os.path.basename(os.fspath(ws.path).rstrip("/"))
     return ModelMeta(name, cfg.arch, cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size,

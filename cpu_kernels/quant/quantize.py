@@ -2,13 +2,17 @@
 
 The legacy formats, MXFP4 and BF16 use gguf's own quantizers (bit-exact with llama.cpp's reference); the
 K-quants, which gguf cannot quantize, get simple min-max / absmax quantizers per sub-block (no
-llama.cpp-style search, so somewhat larger errors): good enough for tests and synthetic models.
+llama.cpp-style search, so somewhat larger errors): good enough for tests and synthetic models. FP8_E4M3 scales
+each 128 values of a row to e4m3's range (fp8_quant.py).
 """
 from __future__ import annotations
 
 import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as Q
+
+from .fp8_quant import quantize_rows
+from .qtypes import QUANT_SIZES, RamlmType, fp8_rows, qtype
 
 QKK = 256
 
@@ -122,16 +126,18 @@ _GGUF_QUANTIZERS = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.BF16, Q.MXFP4)
 
 def quantize(ggml_type, w: np.ndarray) -> np.ndarray:
     """w f32 (N, K) -> raw uint8 (N, bytes_per_row). K must be a multiple of the block size."""
-    t = Q(ggml_type)
+    t = qtype(ggml_type)
     w = np.ascontiguousarray(w, dtype=np.float32)
     if w.ndim != 2:
         raise ValueError(f"quantize expects a 2-D (N, K) array, got shape {w.shape}")
     N, K = w.shape
-    block, type_size = gguf.GGML_QUANT_SIZES[t]
+    block, type_size = QUANT_SIZES[t]
     if K % block:
         raise ValueError(f"{t.name}: row length {K} is not a multiple of the block size {block}")
     if t == Q.F32:
         return w.view(np.uint8).reshape(N, 4 * K).copy()
+    if t == RamlmType.FP8_E4M3:
+        return fp8_rows(*quantize_rows(w, block))
     if t == Q.F16:
         return w.astype(np.float16).view(np.uint8).reshape(N, 2 * K)
     if t in _GGUF_QUANTIZERS:

@@ -1,7 +1,7 @@
-"""The quantization formats, as data: FORMATS[GGMLQuantizationType] -> QuantFormat.
+"""The quantization formats, as data: FORMATS[GGMLQuantizationType | RamlmType] -> QuantFormat.
 
 Tests iterate over FORMATS, so a format is tested the moment it is registered here. The numpy
-oracle for every format is gguf.quants.dequantize(raw, ggml_type).
+oracle for every format is qtypes.dequantize(raw, ggml_type) (gguf.quants.dequantize for GGML's types).
 """
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from functools import partial
 from typing import Callable
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+from gguf import GGMLQuantizationType as Q
 
-from . import k_bytes, k_float, k_kquants, k_kquants_x8, k_legacy, k_lowbit, k_mxfp4, repack
+from . import k_bytes, k_float, k_fp8, k_kquants, k_kquants_x8, k_legacy, k_lowbit, k_mxfp4, repack
+from .qtypes import QUANT_SIZES, RamlmType, qtype
 from .simd import AMX
 from .wide import PAIR
 
@@ -21,7 +22,7 @@ from .wide import PAIR
 class QuantFormat:
     """One weight format.
 
-    block_size elements are stored in type_size bytes (GGUF's GGML_QUANT_SIZES).
+    block_size elements are stored in type_size bytes (qtypes.QUANT_SIZES).
     repack(raw uint8 (N, row_bytes) or typed (N, K), K) -> tuple of arrays (`fields`, in order).
     gemv(*packed, x f32 (M, K) C-contiguous, out f32 (M, N) C-contiguous): out = x @ W^T, each
         output element computed the same way whatever M is (Numba, parallel over rows of W).
@@ -41,7 +42,7 @@ class QuantFormat:
         the 8B shapes 1.15-1.34x (M = 128: 1.3-2.2x), but not Q6_K at gemma's K = 2048 (0.85x): WIDE_PREFILL
         sets these. Otherwise Q4_K from K = 4096 (the 8B shapes: 1.2-1.6x at M = 128 before the pairs).
     """
-    ggml_type: Q
+    ggml_type: Q | RamlmType
     block_size: int
     type_size: int
     fields: tuple[str, ...]
@@ -58,14 +59,16 @@ class QuantFormat:
         return K // self.block_size * self.type_size
 
 
-def _quant(t, fields, rp, gemv, deq, row_block=1, gemv_prefill=False, gemv_prefill_min_k=0) -> QuantFormat:
-    bs, ts = GGML_QUANT_SIZES[t]
+def _quant(t, fields, rp, gemv, deq, row_block=1, gemv_prefill=False, gemv_prefill_min_k=0,
+           int8_activations=True) -> QuantFormat:
+    bs, ts = QUANT_SIZES[t]
     return QuantFormat(t, bs, ts, fields, lambda raw, K: rp(raw), gemv, deq, row_block=row_block,
-                       gemv_prefill=gemv_prefill, gemv_prefill_min_k=gemv_prefill_min_k)
+                       gemv_prefill=gemv_prefill, gemv_prefill_min_k=gemv_prefill_min_k,
+                       int8_activations=int8_activations)
 
 
 def _float(t, dtype, gemv, deq) -> QuantFormat:
-    bs, ts = GGML_QUANT_SIZES[t]
+    bs, ts = QUANT_SIZES[t]
     return QuantFormat(t, bs, ts, ("w",), partial(repack.float_rows, dtype=np.dtype(dtype)), gemv, deq,
                        int8_activations=False, repack_copies=False)
 
@@ -97,6 +100,8 @@ FORMATS: dict[Q, QuantFormat] = {
         # of long chunks (not measured on MXFP4 itself).
         _quant(Q.MXFP4, ("qs", "e"), repack.mxfp4, k_mxfp4.gemv_mxfp4, k_mxfp4.deq_mxfp4, row_block=8,
                gemv_prefill=True, gemv_prefill_min_k=32 if WIDE_PREFILL else 0),
+        # HF FP8 checkpoints: float activations, so long prompts take the dense path (bf16 tiles where native).
+        _quant(RamlmType.FP8_E4M3, ("q", "d"), repack.fp8, k_fp8.gemv_fp8, k_fp8.deq_fp8, int8_activations=False),
     )
 }
 
@@ -104,7 +109,7 @@ FORMATS: dict[Q, QuantFormat] = {
 def get_format(ggml_type) -> QuantFormat:
     """FORMATS[ggml_type], with a clear error for formats ramlm cannot run."""
     try:
-        return FORMATS[Q(ggml_type)]
+        return FORMATS[qtype(ggml_type)]
     except (KeyError, ValueError):
         name = getattr(ggml_type, "name", str(ggml_type))
         supported = ", ".join(t.name for t in FORMATS)

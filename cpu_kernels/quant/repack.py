@@ -114,6 +114,13 @@ def mxfp4_numpy(raw):
     return tuple(np.ascontiguousarray(a).reshape(G, -1) for a in (qs, e))
 
 
+def fp8(raw):
+    """FP8_E4M3 rows -> q uint8 (N, K) the e4m3 bytes, d float32 (N, K / 128) the scales times 256 (k_fp8.py)."""
+    b = _blocks(raw, 132)
+    d = np.ascontiguousarray(b[..., :4]).view(np.float32)[..., 0] * np.float32(256.0)
+    return np.ascontiguousarray(b[..., 4:]).reshape(b.shape[0], -1), np.ascontiguousarray(d)
+
+
 def q5_1(raw):
     """-> qs, qh, d, m as Q5_0 plus the block min m. Value = d * q + m."""
     b = _blocks(raw, 24)

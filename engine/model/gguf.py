@@ -15,6 +15,7 @@ from typing import Any, Iterable
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
+from cpu_kernels.quant.qtypes import QUANT_SIZES
 from engine.errors import ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
@@ -71,7 +72,7 @@ class TensorInfo:
 
 def row_bytes(ggml_type: GGMLQuantizationType, row_len: int) -> int:
     """Bytes of one row of `row_len` elements (row_len must be a multiple of the block size)."""
-    block_size, type_size = GGML_QUANT_SIZES[ggml_type]
+    block_size, type_size = QUANT_SIZES[ggml_type]
     return row_len // block_size * type_size
 
 

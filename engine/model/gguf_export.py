@@ -105,6 +105,8 @@ def write_gguf(path: str, cfg: ModelConfig, tensors: Mapping[str, np.ndarray],
             continue
         t = np.ascontiguousarray(t, dtype=np.float32)
         q = Q.F32 if name.endswith(F32_TENSORS) else qtype(name, t.shape)
+        if not isinstance(q, Q):
+            raise ValueError(f"{name}: {q.name} is ramlm's own weight type; GGUF files hold only GGML's types")
         if q == Q.F32:
             w.add_tensor(name, t)
         elif q == Q.F16:

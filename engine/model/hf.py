@@ -21,7 +21,9 @@ from typing import Any, Callable
 import numpy as np
 from gguf import GGMLQuantizationType as GT
 
+from cpu_kernels.quant.qtypes import RamlmType, dequantize
 from engine.errors import ModelLoadError
+from engine.model import hf_quant
 from engine.model.config import ModelConfig, RopeScaling
 from engine.model.gguf import TensorInfo, raw_view, tensor_nbytes
 from engine.model.registry import architecture, architecture_of_model_type, hf_model_types
@@ -248,7 +250,9 @@ class HFWeights(WeightSource):
             _fail(cfg_path, "not a JSON object")
         config = config_from_hf(self.metadata, cfg_path)
         self.arch = architecture(config.arch)
+        self.quant = hf_quant.parse(self.metadata, cfg_path)  # FP8 scheme, or None
         self._files = [_SafetensorsFile(p) for p in _safetensors_files(folder)]
+        self._file_of = {key: f for f in self._files for key in f.entries}  # scale tensors are found by key
         self._tensors: dict[str, tuple[TensorInfo, Callable[[], np.ndarray]]] = {}
         self.unmapped: list[str] = []  # HF tensors with no GGUF counterpart (vision tower, inv_freq, ...)
         self._map(config)
@@ -290,6 +294,8 @@ class HFWeights(WeightSource):
                 self._add(f"blk.{m[1]}.{layer_map[m[2]]}.{m[3]}", c, src)
             elif (m := _SPECIAL_RE.match(hf)) and m[2] in special:
                 self._add(f"blk.{m[1]}.{special[m[2]]}", c, src)
+            elif self.quant is not None and hf.rsplit(".", 1)[-1] in hf_quant.AUX_SUFFIXES:
+                continue  # a scale: read with its weight (_entry)
             else:
                 self.unmapped.append(src[1])
         for (layer, proj), by_expert in sorted(experts.items()):
@@ -301,6 +307,8 @@ class HFWeights(WeightSource):
     def _entry(self, src: tuple[_SafetensorsFile, str], gguf_name: str) -> tuple[GT, tuple[int, ...], Callable]:
         f, key = src
         dtype, shape, offset, nbytes = f.entries[key]
+        if dtype == "F8_E4M3":
+            return self._fp8_entry(src, gguf_name)
         if dtype not in _ST_DTYPES:
             _fail(f.path, f"tensor '{key}' ({gguf_name}): dtype {dtype} is not supported (F32, F16, BF16)")
         if not shape or 0 in shape:
@@ -308,10 +316,36 @@ class HFWeights(WeightSource):
         info = TensorInfo(gguf_name, _ST_DTYPES[dtype], shape, offset, nbytes)
         return info.ggml_type, shape, lambda: raw_view(f.mm, info)
 
+    def _fp8_entry(self, src: tuple[_SafetensorsFile, str], gguf_name: str) -> tuple[RamlmType, tuple, Callable]:
+        """An FP8 weight and its scale (hf_quant.py) as RamlmType.FP8_E4M3 rows."""
+        f, key = src
+        what = f"{f.path}: tensor '{key}' ({gguf_name})"
+        if self.quant is None:
+            raise ModelLoadError(f"{what}: float8 weights in a folder whose config.json has no quantization_config")
+        shape = f.entries[key][1]
+        if len(shape) < 2 or 0 in shape:
+            raise ModelLoadError(f"{what}: shape {shape} is not usable")
+        stem = key.removesuffix("weight")
+        scale_key = next((stem + s for s in hf_quant.SCALE_SUFFIXES if stem + s in self._file_of), None)
+        if not key.endswith("weight") or scale_key is None:
+            raise ModelLoadError(f"{what}: missing scale tensor '{stem}{hf_quant.SCALE_SUFFIXES[0]}' "
+                                 f"(or '{stem}{hf_quant.SCALE_SUFFIXES[1]}')")
+        sf = self._file_of[scale_key]
+        hf_quant.check_scale(sf.entries[scale_key][1], shape, self.quant, f"{what}, scale '{scale_key}'")
+        if sf.entries[scale_key][0] not in _ST_DTYPES:
+            raise ModelLoadError(f"{what}: scale '{scale_key}' has dtype {sf.entries[scale_key][0]} (F32, F16, BF16)")
+
+        def load():
+            _, q = self.source_array((f, key))
+            sdtype, s = self.source_array((sf, scale_key))
+            scale = hf_quant.row_scales(_as_f32(s, _ST_DTYPES[sdtype]), shape, self.quant, what)
+            return hf_quant.fp8_weight_rows(q, scale)
+        return RamlmType.FP8_E4M3, shape, load
+
     def _add(self, name: str, c: ModelConfig, src: tuple[_SafetensorsFile, str]) -> None:
         gtype, shape, load = self._entry(src, name)
         base = name.split(".")[-2]
-        offset = src[0].entries[src[1]][2]
+        offset = src[0].entries[src[1]][2] if gtype in _ST_DTYPES.values() else -1  # FP8 rows are computed
         if self.arch.hf_permute_qk and base in ("attn_q", "attn_k"):
             n_head = c.num_heads if base == "attn_q" else c.num_kv_heads
             if shape[0] % (2 * n_head):
@@ -332,6 +366,8 @@ class HFWeights(WeightSource):
         if sum(math.prod(sub) for sub, _ in parts.values()) != math.prod(shape):
             _fail(src[0].path, f"tensor '{src[1]}': shape {shape} does not split into "
                                f"{', '.join(f'{rel} {sub}' for rel, (sub, _) in parts.items())}")
+        if gtype == RamlmType.FP8_E4M3:  # the split cuts across scale blocks: the float values, exact
+            load, gtype = (lambda ld=load, t=gtype: _as_f32(ld(), t)), GT.F32
         for rel, (sub, fn) in parts.items():
             name = f"blk.{layer}.{rel}"
             self._tensors[name] = (TensorInfo(name, gtype, sub, -1, tensor_nbytes(gtype, sub)),
@@ -355,8 +391,8 @@ class HFWeights(WeightSource):
             _fail(src[0].path, f"tensor '{src[1]}': shape {shape} is not (E, N, K)")
         if which == "down":
             name = f"blk.{layer}.ffn_down_exps.weight"
-            self._tensors[name] = (TensorInfo(name, gtype, shape, src[0].entries[src[1]][2],
-                                              tensor_nbytes(gtype, shape)), load)
+            offset = src[0].entries[src[1]][2] if gtype in _ST_DTYPES.values() else -1
+            self._tensors[name] = (TensorInfo(name, gtype, shape, offset, tensor_nbytes(gtype, shape)), load)
             return
         half = shape[1] // 2
         for i, proj in enumerate(("gate", "up")):
@@ -401,9 +437,10 @@ class HFWeights(WeightSource):
         """(safetensors dtype, a read-only view of the tensor with its shape: F32/F16, BF16 as uint16 bits, U8)."""
         f, key = src
         dtype, shape, offset, nbytes = f.entries[key]
-        np_dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U8": np.uint8}.get(dtype)
+        np_dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U8": np.uint8,
+                    "F8_E4M3": np.uint8}.get(dtype)
         if np_dtype is None:
-            _fail(f.path, f"tensor '{key}': dtype {dtype} is not supported (F32, F16, BF16, U8)")
+            _fail(f.path, f"tensor '{key}': dtype {dtype} is not supported (F32, F16, BF16, U8, F8_E4M3 as bytes)")
         return dtype, np.frombuffer(f.mm, np_dtype, count=nbytes // _ST_ITEMSIZE[dtype], offset=offset).reshape(shape)
 
     def add_tensor(self, name: str, gtype: GT, shape: tuple[int, ...], load: Callable[[], np.ndarray]) -> None:
@@ -448,6 +485,8 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _as_f32(a: np.ndarray, gtype: GT) -> np.ndarray:
+    if gtype == RamlmType.FP8_E4M3:  # FP8_E4M3 rows -> their float values (exact)
+        return dequantize(a, gtype)
     if gtype == GT.BF16:
         return (a.astype(np.uint32) << 16).view(np.float32)
     return a.astype(np.float32)

@@ -1,4 +1,5 @@
-"""Every registered weight format against gguf's numpy dequantize (the oracle) and float64 matmuls."""
+"""Every registered weight format against its numpy oracle (gguf's dequantize; qtypes' for ramlm's FP8) and float64
+matmuls."""
 import os
 import subprocess
 import sys
@@ -11,12 +12,13 @@ from gguf import GGMLQuantizationType as Q
 from cpu_kernels.quant import FORMATS, QuantLinear, quantize
 from cpu_kernels.quant.linear import GEMV_MAX_M
 from cpu_kernels.quant.q8act import quantize_act, quantize_act_ref
+from cpu_kernels.quant.qtypes import RamlmType, dequantize
 
 TYPES = list(FORMATS)
 # Round-trip error (relative RMS) of our quantizers on Gaussian weights; the K-quant ones are simple.
 ROUNDTRIP_TOL = {Q.F32: 0, Q.F16: 1e-3, Q.BF16: 5e-3, Q.Q8_0: 1e-2, Q.Q6_K: 3e-2, Q.Q5_0: 5e-2,
                  Q.Q5_1: 5e-2, Q.Q5_K: 6e-2, Q.Q4_0: 0.1, Q.Q4_1: 0.1, Q.Q4_K: 0.1, Q.Q3_K: 0.25, Q.Q2_K: 0.4,
-                 Q.MXFP4: 0.13}
+                 Q.MXFP4: 0.13, RamlmType.FP8_E4M3: 0.04}
 
 
 def shapes(t):
@@ -24,14 +26,14 @@ def shapes(t):
     bs = FORMATS[t].block_size
     if bs == 1:
         return [(13, 19), (37, 83)]
-    return [(13, bs), (37, 512 if bs == 256 else 160)]
+    return [(13, bs), (37, {256: 512, 128: 384}.get(bs, 160))]
 
 
 def make(t, N, K, seed=0):
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((N, K)).astype(np.float32)
     raw = quantize(t, w)
-    return w, raw, gguf.quants.dequantize(raw, t).reshape(N, K)
+    return w, raw, dequantize(raw, t).reshape(N, K)
 
 
 def typed_raw(t, raw, K):
@@ -94,7 +96,7 @@ def test_matmul_matches_float64(case, M):
         np.testing.assert_array_equal(out, got)
 
 
-@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q4_K, Q.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q4_K, Q.F16, RamlmType.FP8_E4M3], ids=lambda t: t.name)
 def test_dequantize_to_bf16_bits(t):
     """Dequantizing into uint16 gives gguf's values rounded to bfloat16 (nearest even), what the
     bfloat16 prefill path multiplies."""

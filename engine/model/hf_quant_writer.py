@@ -1,0 +1,123 @@
+"""Write FP8 HF checkpoints in the layouts published ones have (no quantized checkpoint can be downloaded here, so
+tests and benchmarks make their own from float models).
+
+- "fp8-block": quant_method fp8 with weight_block_size [128, 128] and float32 `weight_scale_inv` (Qwen3.x-FP8,
+  DeepSeek-V3): routed experts one module per expert, routers, norms, embeddings and lm_head left in float.
+- "ct-channel" / "ct-tensor" / "ct-block": compressed-tensors float-quantized (llm-compressor's FP8_DYNAMIC and
+  FP8_BLOCK schemes) with `weight_scale` per output row, per tensor or per 128x128 block.
+quantize_state_dict also returns the float values the checkpoint decodes to, for a reference model.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+import numpy as np
+
+from cpu_kernels.quant.fp8_quant import E4M3_MAX, quantize_blockwise, to_e4m3
+
+SCHEMES = ("fp8-block", "ct-channel", "ct-tensor", "ct-block")
+_LINEAR = re.compile(r"(.*\.layers\.\d+\..*_proj)\.weight$")
+_FUSED = re.compile(r"(.*\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+
+
+def _quantize(w: np.ndarray, scheme: str, scale_dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """w f32 (N, K) -> (e4m3 bytes, scale as stored, the decoded float32 values)."""
+    import torch
+    N, K = w.shape
+    if scheme in ("fp8-block", "ct-block"):
+        q, scale = quantize_blockwise(w, (128, 128))
+        full = np.repeat(np.repeat(scale, 128, axis=0), 128, axis=1)[:N, :K]
+    else:
+        amax = np.abs(w).max(axis=1, keepdims=True) if scheme == "ct-channel" else np.abs(w).max().reshape(1)
+        scale = np.where(amax > 0, amax / np.float32(E4M3_MAX), np.float32(1)).astype(np.float32)
+        scale = torch.from_numpy(scale).to(scale_dtype).to(torch.float32).numpy()  # as stored
+        full = np.broadcast_to(scale.reshape(-1, 1) if scheme == "ct-channel" else scale, (N, K))
+        q = to_e4m3(np.clip(w / full, -E4M3_MAX, E4M3_MAX))
+    decoded = (torch.from_numpy(q).view(torch.float8_e4m3fn).to(torch.float32).numpy() * full).astype(np.float32)
+    return q, scale, decoded
+
+
+def _eligible(w: np.ndarray) -> bool:
+    return w.ndim == 2 and w.shape[1] % 128 == 0
+
+
+def quantize_state_dict(sd: dict, scheme: str = "fp8-block", scale_dtype=None) -> tuple[dict, dict]:
+    """sd: name -> torch tensor (a float HF model's state dict, transformers' in-memory names).
+
+    Returns (the checkpoint's tensors: name -> torch tensor, float8 weights and their scales; sd with every quantized
+    weight replaced by the float32 values the checkpoint decodes to)."""
+    import torch
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    scale_dtype = scale_dtype or torch.float32
+    suffix = "weight_scale_inv" if scheme == "fp8-block" else "weight_scale"
+    out, decoded = {}, dict(sd)
+
+    def put(stem: str, w: np.ndarray) -> np.ndarray:
+        q, scale, dec = _quantize(w, scheme, scale_dtype)
+        out[f"{stem}.weight"] = torch.from_numpy(q).view(torch.float8_e4m3fn)
+        stored = torch.float32 if scheme.endswith("block") else scale_dtype  # block scales: float32, as published
+        out[f"{stem}.{suffix}"] = torch.from_numpy(np.ascontiguousarray(scale)).to(stored)
+        return dec
+
+    for name, t in sd.items():
+        w = t.detach().to(torch.float32).numpy()
+        if (m := _LINEAR.match(name)) and _eligible(w):
+            decoded[name] = torch.from_numpy(put(m[1], w))
+        elif (m := _FUSED.match(name)) and w.ndim == 3 and w.shape[2] % 128 == 0:
+            # transformers' fused experts (E, N, K) -> one module per expert, as checkpoints hold them
+            dec = np.empty_like(w)
+            for e in range(w.shape[0]):
+                if m[2] == "down_proj":
+                    dec[e] = put(f"{m[1]}.{e}.down_proj", w[e])
+                else:
+                    half = w.shape[1] // 2
+                    dec[e, :half] = put(f"{m[1]}.{e}.gate_proj", w[e, :half])
+                    dec[e, half:] = put(f"{m[1]}.{e}.up_proj", w[e, half:])
+            decoded[name] = torch.from_numpy(dec)
+        else:
+            out[name] = t.detach().contiguous()
+    return out, decoded
+
+
+def quantization_config(scheme: str) -> dict:
+    """config.json's quantization_config for a scheme, as the published checkpoints write it."""
+    if scheme == "fp8-block":
+        return {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+    strategy = scheme.removeprefix("ct-")
+    return {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+        "ignore": ["lm_head"],
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False,
+                        "block_structure": [128, 128] if strategy == "block" else None},
+            "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True,
+                                  "symmetric": True}}}}
+
+
+def write_fp8_folder(src: str, dst: str, scheme: str = "fp8-block", scale_dtype=None) -> dict:
+    """Quantize the float HF folder src (config.json + safetensors written by transformers) into dst.
+
+    Returns the decoded state dict (quantize_state_dict's second value) keyed as src's tensors."""
+    from safetensors.torch import load_file, save_file
+    files = sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))
+    sd = {}
+    for f in files:
+        sd.update(load_file(os.path.join(src, f)))
+    tensors, decoded = quantize_state_dict(sd, scheme, scale_dtype)
+    os.makedirs(dst, exist_ok=True)
+    for f in os.listdir(src):
+        if not f.endswith(".safetensors") and f != "model.safetensors.index.json" and os.path.isfile(
+                os.path.join(src, f)):
+            shutil.copy(os.path.join(src, f), os.path.join(dst, f))
+    with open(os.path.join(src, "config.json")) as fh:
+        cfg = json.load(fh)
+    cfg["quantization_config"] = quantization_config(scheme)
+    with open(os.path.join(dst, "config.json"), "w") as fh:
+        json.dump(cfg, fh, indent=2)
+    save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    return decoded

@@ -1,0 +1,125 @@
+"""FP8 HF checkpoints (quant_method fp8 block-wise, compressed-tensors float-quantized) against transformers running
+the float values the checkpoint decodes to; malformed ones refused by name."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+from engine.errors import ModelLoadError
+from engine.model.hf_quant_writer import write_fp8_folder
+from engine.model.info import model_info
+from engine.model.loader import load_model
+from tests.model.test_architectures import PROMPTS, rel_err, run_batched, run_incremental
+from tests.model.tiny_models import hf_logits, tiny_model
+
+CASES = [("llama", "fp8-block"), ("qwen3", "fp8-block"), ("qwen3moe", "fp8-block"), ("qwen3", "ct-channel"),
+         ("qwen3moe", "ct-tensor"), ("llama", "ct-block")]
+
+
+def reference_folder(src: str, dst: str, decoded: dict) -> str:
+    """A float folder holding the decoded values: transformers loads it with its own name conversions."""
+    os.makedirs(dst)
+    shutil.copy(os.path.join(src, "config.json"), dst)
+    save_file({k: v.contiguous() for k, v in decoded.items()}, os.path.join(dst, "model.safetensors"),
+              metadata={"format": "pt"})
+    return dst
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+def fp8_folder(request, tmp_path_factory):
+    arch, scheme = request.param
+    root = tmp_path_factory.mktemp(f"fp8-{arch}-{scheme}")
+    src, dst = str(root / "float"), str(root / "fp8")
+    tiny_model(arch).save_pretrained(src, safe_serialization=True)
+    decoded = write_fp8_folder(src, dst, scheme, scale_dtype=torch.bfloat16 if scheme == "ct-channel" else None)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(reference_folder(src, str(root / "ref"), decoded),
+                                                            dtype=torch.float32, attn_implementation="eager").eval()
+    return arch, scheme, dst, [hf_logits(ref, p).numpy() for p in PROMPTS]
+
+
+def test_fp8_folder_holds_fp8_weights(fp8_folder):
+    arch, scheme, path, _ = fp8_folder
+    types = model_info(path)["tensor_types"]
+    assert next(iter(types)) == "FP8_E4M3", types  # the bulk of the bytes stay 8-bit
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    assert any(t.dtype == torch.float8_e4m3fn for t in tensors.values())
+
+
+def test_fp8_matches_transformers_on_decoded_weights(fp8_folder):
+    arch, scheme, path, refs = fp8_folder
+    model, _ = load_model(path)
+    for got, ref in zip(run_batched(model, PROMPTS), refs):
+        assert rel_err(got, ref) < 2e-3, (arch, scheme, rel_err(got, ref))
+    got = run_incremental(model, PROMPTS[0], 6)
+    assert rel_err(got, refs[0]) < 2e-3, (arch, scheme, rel_err(got, refs[0]))
+
+
+def _edit(path: str, tmp_path, config=None, drop=None) -> str:
+    out = tmp_path / "edited"
+    shutil.copytree(path, out)
+    if config is not None:
+        cfg = json.loads((out / "config.json").read_text())
+        cfg["quantization_config"] = config(cfg["quantization_config"])
+        (out / "config.json").write_text(json.dumps(cfg))
+    if drop is not None:
+        t = load_file(str(out / "model.safetensors"))
+        del t[drop]
+        save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def block_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fp8-errors")
+    tiny_model("qwen3").save_pretrained(str(root / "float"), safe_serialization=True)
+    write_fp8_folder(str(root / "float"), str(root / "fp8"))
+    return str(root / "fp8")
+
+
+def test_missing_scale_is_named(block_folder, tmp_path):
+    name = "model.layers.1.mlp.down_proj.weight_scale_inv"
+    with pytest.raises(ModelLoadError, match="model.layers.1.mlp.down_proj.weight.*missing scale tensor"):
+        load_model(_edit(block_folder, tmp_path, drop=name))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda qc: {**qc, "weight_block_size": [128]}, "weight_block_size must be two positive integers"),
+    (lambda qc: {**qc, "weight_block_size": [128, 64]}, "not a multiple of 128"),
+    (lambda qc: {**qc, "weight_block_size": [64, 128]}, "does not fit weight"),
+    (lambda qc: {**qc, "fmt": "e5m2"}, "fp8 fmt 'e5m2' is not supported"),
+    (lambda qc: {"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not supported yet"),
+    (lambda qc: "fp8", "not a JSON object"),
+])
+def test_malformed_quantization_config_is_refused(block_folder, tmp_path, edit, message):
+    with pytest.raises(ModelLoadError, match=message):
+        load_model(_edit(block_folder, tmp_path, config=edit))
+
+
+def test_float8_without_quantization_config_is_refused(block_folder, tmp_path):
+    path = _edit(block_folder, tmp_path)
+    cfg = json.loads(open(os.path.join(path, "config.json")).read())
+    del cfg["quantization_config"]
+    open(os.path.join(path, "config.json"), "w").write(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="float8 weights in a folder whose config.json has no quantization_conf"):
+        load_model(path)
+
+
+def test_fp8_dequantizes_to_the_checkpoint_values(block_folder):
+    """The loaded q_proj of layer 0 holds exactly e4m3 * scale_inv (block 128 x 128)."""
+    model, cfg = load_model(block_folder)
+    t = load_file(os.path.join(block_folder, "model.safetensors"))
+    q = t["model.layers.0.self_attn.q_proj.weight"].to(torch.float32).numpy()
+    s = t["model.layers.0.self_attn.q_proj.weight_scale_inv"].numpy()
+    want = q * np.repeat(np.repeat(s, 128, 0), 128, 1)[:q.shape[0], :q.shape[1]]
+    ws = model.weights
+    from cpu_kernels.quant import QuantLinear
+    info = ws.info("blk.0.attn_q.weight")
+    lin = QuantLinear.from_raw(info.ggml_type, ws.raw("blk.0.attn_q.weight"), info.shape)
+    np.testing.assert_array_equal(lin.dequantize(), want.astype(np.float32))
