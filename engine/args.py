@@ -28,6 +28,11 @@ class EngineArgs:
         "GPU layers in bfloat16 (decode's int8/float32 kernels are the same either way); auto keeps prefill_dtype's "
         "choice and the GPU's native type. float16/half is refused: the CPU kernels have no float16 path",
         choices=("auto", "float32", "float", "bfloat16")))
+    quantization: Optional[str] = field(default=None, metadata=_meta(
+        "quantize float weights as they load (vLLM's quantization): fp8 (the linear layers to float8 e4m3 with a "
+        "scale per 128 values of a row; an FP8 checkpoint already is) or q8_0 (every weight matrix llama.cpp "
+        "quantizes, to GGUF Q8_0). Quantized checkpoints are read as they are (their config.json says how)",
+        choices=("fp8", "q8_0")))
     kv_cache_dtype: str = field(default="auto", metadata=_meta(
         "KV cache element type: auto (= fp16), fp16/float16, fp32/float32", choices=tuple(KV_CACHE_DTYPES)))
     block_size: int = field(default=16, metadata=_meta("tokens per KV-cache block"))
@@ -83,7 +88,7 @@ class EngineArgs:
                              "bfloat16 (use dtype='bfloat16', 'float32' or 'auto')")
         for f in fields(self):
             allowed = f.metadata.get("choices")
-            if allowed and getattr(self, f.name) not in allowed:
+            if allowed and getattr(self, f.name) is not None and getattr(self, f.name) not in allowed:
                 raise ValueError(f"{f.name} must be one of {', '.join(allowed)}, got {getattr(self, f.name)!r}")
         self.effective_prefill_dtype()
         from offload.plan_types import PlanOptions

@@ -93,8 +93,9 @@ def load_everything(args: EngineArgs) -> Loaded:
     from engine.model.loader import load_model
     from engine.model.weights import open_weights
     configure_threads(args.num_threads)
+    from engine.model.online_quant import quantize_at_load
     path = args.resolved_model()
-    ws = open_weights(path)
+    ws = quantize_at_load(open_weights(path), args.quantization)
     # Cold JIT cache: a helper process compiles the non-matmul kernels while this one compiles the formats'.
     helper = prewarm.start_kernel_helper(np.dtype(kv_storage_dtype(args.kv_cache_dtype)).type)
     try:

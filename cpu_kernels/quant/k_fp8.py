@@ -1,92 +1,153 @@
 """FP8_E4M3 (qtypes.RamlmType): float8 e4m3fn weights with a float32 scale per 128 values of a row.
 
-Layout after repack.fp8: q uint8 (N, K) the e4m3 bytes, d float32 (N, K / 128) the scales times 256. An e4m3 byte
-becomes float16 bits with two shifts (the same sign, exponent and mantissa fields, the exponent bias 15 in place of
-7: the value / 256, subnormals included), then float32 lanes (vcvtph2ps); the 256 lives in d. Activations stay
-float32 (no int8 rounding): value = e4m3 * scale exactly as the checkpoint defines it.
-gemv_fp8: per row and 128-block, two 4-vector chains summed, then tot += block * d (one rounding order whatever M).
+Layout after repack.fp8_e4m3: rows in groups of 8 (zero rows pad the last), q uint8 (G, nb * 1024): per group and
+128-block the eight rows' 128 bytes one after another (one stream per group; rows K apart aliased in L1 at K = 4096),
+d float32 (G, nb * 8): the scales times 256, as the widened lanes hold value / 256 (fp8_simd.py). A group's rows
+share each activation load: long rows' activations do not fit L1, and fewer rows per load ran 0.6x Q8_0 at K = 14336. Activations stay
+float32, not int8: value = e4m3 * scale exactly as the checkpoint defines it.
+gemv_fp8, per group, activation row and block: each row's block sum, then tot += block sum * d (the same operations
+whatever M). AVX-512 VBMI + BF16 hosts multiply bfloat16 weights (exact) with the activation split into two bfloat16
+parts (high + low: about 2^-17 relative per element) by vdpbf16ps; other hosts widen to float32 and use FMAs.
 """
 from __future__ import annotations
 
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+import numpy as np
+from numba import njit, prange
 
-from .simd import CACHE, PREFETCH_AHEAD, _ptr, _splat, f32x16, hsum, load_f32x16, muladd, prefetch, store, vadd, \
-    vmul, zero_f32x16
+from .fp8_simd import BF16_ORDER, HAS_BF16_VBMI, dpbf16, e4m3_bf16x64, fma, load_e4m3x16, load_i16x32
+from .simd import CACHE, PREFETCH_AHEAD, hsum, load_f32x16, muladd, prefetch, store, vadd, vmul, zero_f32x16
 
-_I16x16 = ir.VectorType(ir.IntType(16), 16)
+_ORDER = BF16_ORDER.astype(np.int64)
 
 
-@intrinsic
-def load_e4m3x16(typingctx, arr, idx):
-    """16 e4m3 bytes of a uint8 array from element idx -> f32x16 of their values / 256."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.uint8 and isinstance(idx, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        i = context.cast(builder, args[1], sig.args[1], types.intp)
-        p = _ptr(context, builder, sig.args[0], args[0], i, ir.VectorType(ir.IntType(8), 16))
-        w = builder.zext(builder.load(p, align=1), _I16x16)
-        c = lambda v: _splat(builder, ir.Constant(ir.IntType(16), v), 16)  # noqa: E731
-        mag = builder.shl(builder.and_(w, c(0x7F)), c(7))
-        sign = builder.shl(builder.and_(w, c(0x80)), c(8))
-        h = builder.bitcast(builder.or_(mag, sign), ir.VectorType(ir.HalfType(), 16))
-        return builder.fpext(h, ir.VectorType(ir.FloatType(), 16))
-    return f32x16(arr, idx), codegen
+@njit(cache=CACHE)
+def split_bf16(x):
+    """x f32 (M, K) -> (high, low) uint16 (M, K) bfloat16 bits with high + low ~ x, each 64 values in BF16_ORDER."""
+    M, K = x.shape
+    xh, xl = np.empty((M, K), np.uint16), np.empty((M, K), np.uint16)
+    tmp = np.empty(2, np.uint32)
+    tf = tmp.view(np.float32)
+    for m in range(M):
+        for c in range(0, K, 64):
+            for j in range(64):
+                tf[0] = x[m, c + _ORDER[j]]
+                b = tmp[0]
+                h = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+                tmp[1] = h << 16
+                tf[0] = tf[0] - tf[1]
+                b = tmp[0]
+                xh[m, c + j] = h
+                xl[m, c + j] = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    return xh, xl
 
 
 @njit(cache=CACHE, inline="always")
-def _block(q, o, x, xo):
-    """sum over one 128-value block of w * x, as f32x16 lanes (two chains of four)."""
-    a = vmul(load_e4m3x16(q, o), load_f32x16(x, xo))
-    c = vmul(load_e4m3x16(q, o + 64), load_f32x16(x, xo + 64))
-    for j in range(1, 4):
-        a = muladd(a, load_e4m3x16(q, o + 16 * j), load_f32x16(x, xo + 16 * j))
-        c = muladd(c, load_e4m3x16(q, o + 64 + 16 * j), load_f32x16(x, xo + 64 + 16 * j))
-    return vadd(a, c)
+def _row_bf16(q, o, h0, h1, h2, h3, l0, l1, l2, l3):
+    """One row's 128-value block sum: high parts and low parts in two chains, then added."""
+    a0, b0 = e4m3_bf16x64(q, o)
+    a1, b1 = e4m3_bf16x64(q, o + 64)
+    h = dpbf16(dpbf16(dpbf16(dpbf16(zero_f32x16(), a0, h0), b0, h1), a1, h2), b1, h3)
+    low = dpbf16(dpbf16(dpbf16(dpbf16(zero_f32x16(), a0, l0), b0, l1), a1, l2), b1, l3)
+    return vadd(h, low)
+
+
+@njit(cache=CACHE, inline="always")
+def _store4(out, m, n0, t0, t1, t2, t3):
+    """out[m, n0:n0 + 4] = the lane sums, the rows past N dropped."""
+    N = out.shape[1]
+    if n0 + 3 < N:
+        out[m, n0], out[m, n0 + 1], out[m, n0 + 2], out[m, n0 + 3] = hsum(t0), hsum(t1), hsum(t2), hsum(t3)
+        return
+    if n0 < N:
+        out[m, n0] = hsum(t0)
+    if n0 + 1 < N:
+        out[m, n0 + 1] = hsum(t1)
+    if n0 + 2 < N:
+        out[m, n0 + 2] = hsum(t2)
+
+
+@njit(cache=CACHE, inline="always")
+def _prefetch_group(q, o):
+    for line in range(16):
+        prefetch(q, o + PREFETCH_AHEAD + 64 * line)
 
 
 @njit(parallel=True, cache=CACHE)
-def gemv_fp8(q, d, x, out):
+def _gemv_bf16(q, d, x, out):
     M, K = x.shape
-    N = q.shape[0]
     nb = K // 128
-    for n in prange(N):
-        if M < 4:
-            for m in range(M):
-                tot = zero_f32x16()
-                for b in range(nb):
-                    if m == 0:
-                        prefetch(q, n * K + b * 128 + PREFETCH_AHEAD)
-                        prefetch(q, n * K + b * 128 + PREFETCH_AHEAD + 64)
-                    tot = muladd(tot, _block(q, n * K + b * 128, x, m * K + b * 128), d[n, b])
-                out[m, n] = hsum(tot)
-            continue
-        for m in range(0, M, 4):  # 4 activation rows per pass; the last pass ends at M (overlap recomputed, equal)
-            m0 = min(m, M - 4)
+    xh, xl = split_bf16(x)
+    for g in prange(q.shape[0]):
+        for m in range(M):
             t0, t1, t2, t3 = zero_f32x16(), zero_f32x16(), zero_f32x16(), zero_f32x16()
+            t4, t5, t6, t7 = zero_f32x16(), zero_f32x16(), zero_f32x16(), zero_f32x16()
             for b in range(nb):
-                o = n * K + b * 128
+                o, xo, e = (g * nb + b) * 1024, m * K + b * 128, 8 * b
                 if m == 0:
-                    prefetch(q, o + PREFETCH_AHEAD)
-                    prefetch(q, o + PREFETCH_AHEAD + 64)
-                db = d[n, b]
-                t0 = muladd(t0, _block(q, o, x, m0 * K + b * 128), db)
-                t1 = muladd(t1, _block(q, o, x, (m0 + 1) * K + b * 128), db)
-                t2 = muladd(t2, _block(q, o, x, (m0 + 2) * K + b * 128), db)
-                t3 = muladd(t3, _block(q, o, x, (m0 + 3) * K + b * 128), db)
-            out[m0, n] = hsum(t0)
-            out[m0 + 1, n] = hsum(t1)
-            out[m0 + 2, n] = hsum(t2)
-            out[m0 + 3, n] = hsum(t3)
+                    _prefetch_group(q, o)
+                h0, h1, h2, h3 = (load_i16x32(xh, xo), load_i16x32(xh, xo + 32), load_i16x32(xh, xo + 64),
+                                  load_i16x32(xh, xo + 96))
+                l0, l1, l2, l3 = (load_i16x32(xl, xo), load_i16x32(xl, xo + 32), load_i16x32(xl, xo + 64),
+                                  load_i16x32(xl, xo + 96))
+                t0 = muladd(t0, _row_bf16(q, o, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e])
+                t1 = muladd(t1, _row_bf16(q, o + 128, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 1])
+                t2 = muladd(t2, _row_bf16(q, o + 256, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 2])
+                t3 = muladd(t3, _row_bf16(q, o + 384, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 3])
+                t4 = muladd(t4, _row_bf16(q, o + 512, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 4])
+                t5 = muladd(t5, _row_bf16(q, o + 640, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 5])
+                t6 = muladd(t6, _row_bf16(q, o + 768, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 6])
+                t7 = muladd(t7, _row_bf16(q, o + 896, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 7])
+            _store4(out, m, 8 * g, t0, t1, t2, t3)
+            _store4(out, m, 8 * g + 4, t4, t5, t6, t7)
+
+
+@njit(cache=CACHE, inline="always")
+def _block4_f32(q, o, x, xo):
+    """The four rows' block sums, each activation vector loaded once: two chains of four FMAs per row."""
+    xv = load_f32x16(x, xo)
+    a0, a1 = vmul(load_e4m3x16(q, o), xv), vmul(load_e4m3x16(q, o + 128), xv)
+    a2, a3 = vmul(load_e4m3x16(q, o + 256), xv), vmul(load_e4m3x16(q, o + 384), xv)
+    xv = load_f32x16(x, xo + 64)
+    c0, c1 = vmul(load_e4m3x16(q, o + 64), xv), vmul(load_e4m3x16(q, o + 192), xv)
+    c2, c3 = vmul(load_e4m3x16(q, o + 320), xv), vmul(load_e4m3x16(q, o + 448), xv)
+    for j in range(16, 64, 16):
+        xv = load_f32x16(x, xo + j)
+        a0, a1 = fma(a0, load_e4m3x16(q, o + j), xv), fma(a1, load_e4m3x16(q, o + 128 + j), xv)
+        a2, a3 = fma(a2, load_e4m3x16(q, o + 256 + j), xv), fma(a3, load_e4m3x16(q, o + 384 + j), xv)
+        xv = load_f32x16(x, xo + 64 + j)
+        c0, c1 = fma(c0, load_e4m3x16(q, o + 64 + j), xv), fma(c1, load_e4m3x16(q, o + 192 + j), xv)
+        c2, c3 = fma(c2, load_e4m3x16(q, o + 320 + j), xv), fma(c3, load_e4m3x16(q, o + 448 + j), xv)
+    return vadd(a0, c0), vadd(a1, c1), vadd(a2, c2), vadd(a3, c3)
+
+
+@njit(parallel=True, cache=CACHE)
+def _gemv_f32(q, d, x, out):
+    M, K = x.shape
+    nb = K // 128
+    for g in prange(q.shape[0]):
+        for m in range(M):
+            for half in range(2):  # four rows at a time: eight rows' accumulators would not fit 16 AVX2 registers
+                t0, t1, t2, t3 = zero_f32x16(), zero_f32x16(), zero_f32x16(), zero_f32x16()
+                for b in range(nb):
+                    o, e = (g * nb + b) * 1024 + 512 * half, 8 * b + 4 * half
+                    if m == 0 and half == 0:
+                        _prefetch_group(q, o)
+                    s0, s1, s2, s3 = _block4_f32(q, o, x, m * K + b * 128)
+                    t0, t1 = muladd(t0, s0, d[g, e]), muladd(t1, s1, d[g, e + 1])
+                    t2, t3 = muladd(t2, s2, d[g, e + 2]), muladd(t3, s3, d[g, e + 3])
+                _store4(out, m, 8 * g + 4 * half, t0, t1, t2, t3)
+
+
+gemv_fp8 = _gemv_bf16 if HAS_BF16_VBMI else _gemv_f32
 
 
 @njit(parallel=True, cache=CACHE)
 def deq_fp8(q, d, rows, out):
     K = out.shape[1]
+    nb = K // 128
     for t in prange(rows.shape[0]):
-        r = rows[t]
-        for b in range(K // 128):
+        g, r = rows[t] >> 3, rows[t] & 7
+        for b in range(nb):
+            o = (g * nb + b) * 1024 + 128 * r
             for j in range(8):
-                store(out, t * K + b * 128 + 16 * j, vmul(load_e4m3x16(q, r * K + b * 128 + 16 * j), d[r, b]))
+                store(out, t * K + b * 128 + 16 * j, vmul(load_e4m3x16(q, o + 16 * j), d[g, 8 * b + r]))

@@ -3,7 +3,7 @@
 The legacy formats, MXFP4 and BF16 use gguf's own quantizers (bit-exact with llama.cpp's reference); the
 K-quants, which gguf cannot quantize, get simple min-max / absmax quantizers per sub-block (no
 llama.cpp-style search, so somewhat larger errors): good enough for tests and synthetic models. FP8_E4M3 scales
-each 128 values of a row to e4m3's range (fp8_quant.py).
+each 128 values of a row to e4m3's range; it and Q8_0 run quantize_fast.py's parallel twins.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as Q
 
-from .fp8_quant import quantize_rows
-from .qtypes import QUANT_SIZES, RamlmType, fp8_rows, qtype
+from .qtypes import QUANT_SIZES, RamlmType, qtype
+from .quantize_fast import fp8_rows, q8_0_rows
 
 QKK = 256
 
@@ -137,7 +137,9 @@ def quantize(ggml_type, w: np.ndarray) -> np.ndarray:
     if t == Q.F32:
         return w.view(np.uint8).reshape(N, 4 * K).copy()
     if t == RamlmType.FP8_E4M3:
-        return fp8_rows(*quantize_rows(w, block))
+        return fp8_rows(w)
+    if t == Q.Q8_0:  # gguf's quantizer, bit for bit, in parallel
+        return q8_0_rows(w)
     if t == Q.F16:
         return w.astype(np.float16).view(np.uint8).reshape(N, 2 * K)
     if t in _GGUF_QUANTIZERS:

@@ -101,7 +101,8 @@ FORMATS: dict[Q, QuantFormat] = {
         _quant(Q.MXFP4, ("qs", "e"), repack.mxfp4, k_mxfp4.gemv_mxfp4, k_mxfp4.deq_mxfp4, row_block=8,
                gemv_prefill=True, gemv_prefill_min_k=32 if WIDE_PREFILL else 0),
         # HF FP8 checkpoints: float activations, so long prompts take the dense path (bf16 tiles where native).
-        _quant(RamlmType.FP8_E4M3, ("q", "d"), repack.fp8, k_fp8.gemv_fp8, k_fp8.deq_fp8, int8_activations=False),
+        _quant(RamlmType.FP8_E4M3, ("q", "d"), repack.fp8_e4m3, k_fp8.gemv_fp8, k_fp8.deq_fp8, row_block=8,
+               int8_activations=False),
     )
 }
 

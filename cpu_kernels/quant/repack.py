@@ -114,11 +114,20 @@ def mxfp4_numpy(raw):
     return tuple(np.ascontiguousarray(a).reshape(G, -1) for a in (qs, e))
 
 
-def fp8(raw):
-    """FP8_E4M3 rows -> q uint8 (N, K) the e4m3 bytes, d float32 (N, K / 128) the scales times 256 (k_fp8.py)."""
-    b = _blocks(raw, 132)
+def fp8_e4m3(raw):
+    """FP8_E4M3 rows -> k_fp8.py's layout: q uint8 (G, K * 8) the e4m3 bytes of 8-row groups, per 128-block row by
+    row; d float32 (G, K / 16) the scales times 256, per block row by row."""
+    from . import repack_fast
+    return repack_fast.fp8_e4m3(_byte_rows(raw))
+
+
+def fp8_e4m3_numpy(raw):
+    """fp8_e4m3 in numpy (the reference repack_fast is tested against)."""
+    b = _pad8(_blocks(raw, 132))
+    G, nb = b.shape[0] // 8, b.shape[1]
     d = np.ascontiguousarray(b[..., :4]).view(np.float32)[..., 0] * np.float32(256.0)
-    return np.ascontiguousarray(b[..., 4:]).reshape(b.shape[0], -1), np.ascontiguousarray(d)
+    q = b[..., 4:].reshape(G, 8, nb, 128).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(q).reshape(G, -1), np.ascontiguousarray(d.reshape(G, 8, nb).transpose(0, 2, 1)).reshape(G, -1)
 
 
 def q5_1(raw):

@@ -49,6 +49,15 @@ def mxfp4(raw):
     return out
 
 
+def fp8_e4m3(raw):
+    """raw FP8_E4M3 rows uint8 (N, nb * 132) -> q uint8 (G, nb * 1024), d float32 (G, nb * 8): k_fp8's layout."""
+    N, nb = raw.shape[0], raw.shape[1] // 132
+    scale = np.ascontiguousarray(raw.reshape(N, nb, 132)[..., :4]).view(np.float32).reshape(N, nb)
+    out = _arrays(N, (nb * 1024, np.uint8, 0), (nb * 8, np.float32, 0))
+    _fp8(raw, scale, *out)
+    return out
+
+
 def q4_k(raw):
     """raw uint8 (N, ns * 144) -> repack.q4_k_numpy's arrays (k_kquants_x8's layout)."""
     ns = raw.shape[1] // 144
@@ -121,6 +130,16 @@ def _mxfp4(raw, qs, e):
                 e[g, 8 * b + r] = raw[n, o]
                 for j in range(16):
                     qs[g, 128 * b + 32 * (j >> 2) + 4 * r + (j & 3)] = raw[n, o + 1 + j]
+
+
+@njit(parallel=True, cache=CACHE)
+def _fp8(raw, scale, q, d):
+    nb = scale.shape[1]
+    for n in prange(raw.shape[0]):
+        g, r = n >> 3, n & 7
+        for b in range(nb):
+            d[g, 8 * b + r] = scale[n, b] * np.float32(256.0)
+            q[g, 1024 * b + 128 * r:1024 * b + 128 * r + 128] = raw[n, 132 * b + 4:132 * b + 132]
 
 
 @njit(parallel=True, cache=CACHE)

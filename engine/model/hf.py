@@ -253,6 +253,7 @@ class HFWeights(WeightSource):
         self.quant = hf_quant.parse(self.metadata, cfg_path)  # FP8 scheme, or None
         self._files = [_SafetensorsFile(p) for p in _safetensors_files(folder)]
         self._file_of = {key: f for f in self._files for key in f.entries}  # scale tensors are found by key
+        self._sources: dict[str, list[tuple[_SafetensorsFile, str]]] = {}  # GGUF name -> the HF tensors it reads
         self._tensors: dict[str, tuple[TensorInfo, Callable[[], np.ndarray]]] = {}
         self.unmapped: list[str] = []  # HF tensors with no GGUF counterpart (vision tower, inv_freq, ...)
         self._map(config)
@@ -359,6 +360,7 @@ class HFWeights(WeightSource):
             shape, fn = transform
             load, offset, gtype = (lambda ld=load, t=gtype, fn=fn: fn(_as_f32(ld(), t))), -1, GT.F32
         self._tensors[name] = (TensorInfo(name, gtype, shape, offset, tensor_nbytes(gtype, shape)), load)
+        self._sources[name] = [src]
 
     def _add_split(self, layer: int, parts: dict, src: tuple[_SafetensorsFile, str]) -> None:
         # Architecture.hf_split: GGUF tensors computed from one HF tensor (data movement only: any dtype).
@@ -372,6 +374,7 @@ class HFWeights(WeightSource):
             name = f"blk.{layer}.{rel}"
             self._tensors[name] = (TensorInfo(name, gtype, sub, -1, tensor_nbytes(gtype, sub)),
                                    lambda ld=load, fn=fn: np.ascontiguousarray(fn(ld())))
+            self._sources[name] = [src]
 
     def _add_stacked(self, name: str, by_expert: dict[int, tuple[_SafetensorsFile, str]]) -> None:
         if sorted(by_expert) != list(range(len(by_expert))):
@@ -383,6 +386,7 @@ class HFWeights(WeightSource):
         loads = [ld for _, _, ld in parts]
         self._tensors[name] = (TensorInfo(name, gtype, shape, -1, tensor_nbytes(gtype, shape)),
                                lambda: np.stack([ld() for ld in loads]))
+        self._sources[name] = [by_expert[e] for e in range(len(by_expert))]
 
     def _add_fused_experts(self, layer: int, which: str, src: tuple[_SafetensorsFile, str]) -> None:
         # transformers 5 in-memory layout: gate_up_proj (E, 2I, H) = [gate; up] on dim 1, down_proj (E, H, I).
@@ -393,12 +397,14 @@ class HFWeights(WeightSource):
             name = f"blk.{layer}.ffn_down_exps.weight"
             offset = src[0].entries[src[1]][2] if gtype in _ST_DTYPES.values() else -1
             self._tensors[name] = (TensorInfo(name, gtype, shape, offset, tensor_nbytes(gtype, shape)), load)
+            self._sources[name] = [src]
             return
         half = shape[1] // 2
         for i, proj in enumerate(("gate", "up")):
             name, sub = f"blk.{layer}.ffn_{proj}_exps.weight", (shape[0], half, shape[2])
             self._tensors[name] = (TensorInfo(name, gtype, sub, -1, tensor_nbytes(gtype, sub)),
                                    lambda ld=load, i=i: np.ascontiguousarray(ld()[:, i * half:(i + 1) * half]))
+            self._sources[name] = [src]
 
     def _reconcile(self, c: ModelConfig) -> ModelConfig:
         """Make config and tensors agree: tied <=> no output.weight (the GGUF rule); vocab = logits rows; the MTP
@@ -458,6 +464,22 @@ class HFWeights(WeightSource):
         _fail(self.path, reason)
 
     # -- WeightSource ----------------------------------------------------------------------------------
+    def release(self, name: str, lo: int = 0, hi: int | None = None) -> None:
+        """Drop the mapped pages of the HF tensors `name` was read from, once all of it is done (a partial range:
+        nothing, its bytes need not follow the source's); whole pages only, advice only."""
+        if name not in self._sources or (hi is not None and hi < self.info(name).nbytes) or not hasattr(
+                mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        for f, key in self._sources[name]:
+            _, _, offset, nbytes = f.entries[key]
+            start, end = -(-offset // page) * page, (offset + nbytes) // page * page
+            if end > start and hasattr(f.mm, "madvise"):
+                try:
+                    f.mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+                except OSError:
+                    pass
+
     def names(self) -> list[str]:
         return list(self._tensors)
 

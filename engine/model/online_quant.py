@@ -1,0 +1,89 @@
+"""vLLM's `quantization` argument: float weights (HF folders in f32/f16/bf16, GGUF F32/F16/BF16 tensors) quantized
+as they load, so a bf16 checkpoint runs in about half its memory.
+
+- "fp8": the linear layers' weights (blk.*) become FP8_E4M3 (a scale per 128 values of a row), as vLLM's online
+  fp8 keeps embeddings and lm_head in float; an FP8 checkpoint already is fp8 (nothing to do).
+- "q8_0": every weight matrix llama.cpp's quantizer would quantize (embeddings and the output matrix too) becomes
+  GGUF Q8_0, bit for bit what llama.cpp's reference quantizer writes.
+Tensors that stay float in GGUF files (norms, routers, biases, conv kernels, sinks, 1-D vectors) stay as they are,
+and so do tensors already quantized or whose rows are not whole blocks.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from cpu_kernels.quant.qtypes import QUANT_SIZES, RamlmType
+from engine.model.gguf import TensorInfo, tensor_nbytes
+from engine.model.weights import WeightSource
+
+METHODS = {"fp8": RamlmType.FP8_E4M3, "q8_0": Q.Q8_0}
+FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
+# GGUF names llama.cpp's quantizer keeps in float (its llama_tensor_get_type rules for the families ramlm runs)
+_KEEP_FLOAT = re.compile(r"norm|ffn_gate_inp|\.bias$|ssm_conv1d|attn_sinks|exp_probs_b|ssm_a$|ssm_dt|"
+                         r"rope_freqs|altup|laurel|\.scale$")
+
+
+def quantizable(name: str, info: TensorInfo, method: str) -> bool:
+    if info.ggml_type not in FLOAT_TYPES or len(info.shape) not in (2, 3) or _KEEP_FLOAT.search(name):
+        return False
+    if method == "fp8" and not name.startswith("blk."):
+        return False
+    return info.shape[-1] % QUANT_SIZES[METHODS[method]][0] == 0
+
+
+class QuantizedWeights(WeightSource):
+    """A WeightSource whose float weight matrices are handed out quantized (module docstring)."""
+
+    def __init__(self, ws: WeightSource, method: str):
+        if method not in METHODS:
+            raise ValueError(f"quantization {method!r} is not supported (supported: {', '.join(METHODS)})")
+        self._ws, self.method, self.qtype = ws, method, METHODS[method]
+        self.config, self.path, self.format, self.metadata = ws.config, ws.path, ws.format, ws.metadata
+        self._targets = {n for n in ws.names() if quantizable(n, ws.info(n), method)}
+
+    def names(self) -> list[str]:
+        return self._ws.names()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._ws
+
+    def info(self, name: str) -> TensorInfo:
+        info = self._ws.info(name)
+        if name not in self._targets:
+            return info
+        return TensorInfo(name, self.qtype, info.shape, -1, tensor_nbytes(self.qtype, info.shape))
+
+    def raw(self, name: str) -> np.ndarray:
+        a = self._ws.raw(name)
+        if name not in self._targets:
+            return a
+        from cpu_kernels.quant.quantize import quantize
+        info = self._ws.info(name)
+        w = (a.astype(np.uint32) << 16).view(np.float32) if info.ggml_type == Q.BF16 else a.astype(np.float32)
+        rows = quantize(self.qtype, w.reshape(-1, info.shape[-1]))
+        self._ws.release(name)  # the float bytes are done with
+        return rows.reshape(*info.shape[:-1], rows.shape[-1])
+
+    def release(self, name: str, lo: int = 0, hi: int | None = None) -> None:
+        if name not in self._targets:
+            self._ws.release(name, lo, hi)
+
+
+def quantize_at_load(ws: WeightSource, method: str | None) -> WeightSource:
+    """ws itself (method None, or an FP8 checkpoint asked for fp8), or ws quantized by `method`. A checkpoint that
+    is already quantized some other way is refused, as vLLM refuses a quantization that differs from the config's."""
+    if method is None:
+        return ws
+    from engine.model import hf_quant
+    scheme = hf_quant.parse(ws.metadata) if ws.format == "hf" else None
+    qc = ws.metadata.get("quantization_config") if ws.format == "hf" else None
+    if scheme is not None or qc:
+        if method == "fp8" and scheme is not None:
+            return ws
+        have = qc.get("quant_method") if isinstance(qc, dict) else qc
+        raise ValueError(f"{ws.path} is already quantized (quant_method {have!r}); quantization={method!r} does "
+                         "not apply to it")
+    return QuantizedWeights(ws, method)
