@@ -23,15 +23,20 @@ def _roundf(v):
     return -r if v < 0 else r
 
 
+@njit(cache=CACHE, inline="always")
+def _amax(w, n, lo, width):
+    amax = np.float32(0.0)
+    for j in range(lo, lo + width):
+        amax = max(amax, abs(w[n, j]))
+    return amax
+
+
 @njit(parallel=True, cache=CACHE)
 def _q8_0(w, out, d):
     N, K = w.shape
     for n in prange(N):
         for b in range(K // 32):
-            amax = np.float32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(w[n, 32 * b + j]))
-            db = amax / np.float32(127.0)
+            db = _amax(w, n, 32 * b, 32) / np.float32(127.0)
             inv = np.float32(1.0) / db if db != 0 else np.float32(0.0)
             d[n, b] = db
             for j in range(32):
@@ -70,9 +75,7 @@ def _fp8(w, q, scale):
     N, K = w.shape
     for n in prange(N):
         for b in range(K // 128):
-            amax = np.float32(0.0)
-            for j in range(128):
-                amax = max(amax, abs(w[n, 128 * b + j]))
+            amax = _amax(w, n, 128 * b, 128)
             s = amax / np.float32(448.0) if amax > 0 else np.float32(1.0)
             scale[n, b] = s
             for j in range(128):

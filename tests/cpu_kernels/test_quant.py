@@ -436,3 +436,17 @@ def q8_of(x):
     """x as the int8 GEMVs see it (per-32 Q8 rounding), in float64."""
     from cpu_kernels.quant.linear import q8_roundtrip
     return q8_roundtrip(x).astype(np.float64)
+
+
+def test_parallel_quantizers_equal_the_references():
+    """quantize_fast against gguf's Q8_0 quantizer and torch's float8 cast, over 30 binades, zero blocks, -0.0, ties."""
+    from cpu_kernels.quant.fp8_quant import quantize_rows
+    from cpu_kernels.quant.qtypes import fp8_rows as rows
+    from cpu_kernels.quant.quantize_fast import fp8_rows, q8_0_rows
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((40, 512)) * np.exp2(rng.integers(-24, 6, (40, 512)))).astype(np.float32)
+    w[0, :128] = 0.0
+    w[1, :7] = -0.0
+    w[2, :128] = np.float32(448.0) * np.arange(128) / 127  # every e4m3 step, ties included
+    np.testing.assert_array_equal(q8_0_rows(w), gguf.quants.quantize(w, Q.Q8_0))
+    np.testing.assert_array_equal(fp8_rows(w), rows(*quantize_rows(w)))
