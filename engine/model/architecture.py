@@ -49,6 +49,12 @@ class Architecture:
         the float32 array), else None."""
         return None
 
+    def hf_transform_rows(self, name: str, shape: tuple[int, ...], cfg, block: int):
+        """hf_transform's moves done on a block type's rows (uint8 (N, row bytes), `block` values per block), when
+        they only move whole rows or whole blocks: fn(rows) -> rows, so a quantized checkpoint's weight stays
+        quantized; None (the default): the tensor is dequantized and hf_transform maps its float values."""
+        return None
+
     def hf_layer_windows(self, cfg: dict, num_layers: int) -> tuple[int, ...]:
         """Per layer sliding window from config.json when it has no layer_types (0 = full attention)."""
         window = int(cfg.get("sliding_window") or 0)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 from gguf import GGMLQuantizationType as GT
 
-from cpu_kernels.quant.qtypes import RamlmType, dequantize
+from cpu_kernels.quant.qtypes import QUANT_SIZES, RamlmType, dequantize
 from engine.errors import ModelLoadError
 from engine.model import hf_quant
 from engine.model.config import ModelConfig, RopeScaling
@@ -356,7 +356,11 @@ class HFWeights(WeightSource):
             off = np.float32(self.arch.hf_norm_offset)
             load, offset, gtype = (lambda ld=load, t=gtype: _as_f32(ld(), t) + off), -1, GT.F32
         transform = self.arch.hf_transform(name, shape, c)
-        if transform is not None:
+        rows_fn = self.arch.hf_transform_rows(name, shape, c, QUANT_SIZES[gtype][0]) \
+            if transform is not None and gtype == RamlmType.FP8_E4M3 and transform[0] == shape else None
+        if rows_fn is not None:  # moves of whole rows or blocks: the weight stays FP8
+            load, offset = (lambda ld=load, fn=rows_fn: np.ascontiguousarray(fn(ld()))), -1
+        elif transform is not None:
             shape, fn = transform
             load, offset, gtype = (lambda ld=load, t=gtype, fn=fn: fn(_as_f32(ld(), t))), -1, GT.F32
         self._tensors[name] = (TensorInfo(name, gtype, shape, offset, tensor_nbytes(gtype, shape)), load)

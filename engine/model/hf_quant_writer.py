@@ -19,7 +19,7 @@ import numpy as np
 from cpu_kernels.quant.fp8_quant import E4M3_MAX, quantize_blockwise, to_e4m3
 
 SCHEMES = ("fp8-block", "ct-channel", "ct-tensor", "ct-block")
-_LINEAR = re.compile(r"(.*\.layers\.\d+\..*_proj)\.weight$")
+_LINEAR = re.compile(r"(.*\.layers\.\d+\..*_proj(?:_[a-z_]+)?)\.weight$")  # q_proj, in_proj_qkv, kv_a_proj_with_mqa, ...
 _FUSED = re.compile(r"(.*\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 
 

@@ -40,7 +40,9 @@ def fp8_folder(request, tmp_path_factory):
     arch, scheme = request.param
     root = tmp_path_factory.mktemp(f"fp8-{arch}-{scheme}")
     src, dst = str(root / "float"), str(root / "fp8")
-    tiny_model(arch).save_pretrained(src, safe_serialization=True)
+    # qwen3.5: value heads of 128 (as the real models) so that ssm_out's reorder moves whole FP8 blocks
+    extra = {"linear_value_head_dim": 128} if arch == "qwen35moe" else {}
+    tiny_model(arch, **extra).save_pretrained(src, safe_serialization=True)
     decoded = write_fp8_folder(src, dst, scheme, scale_dtype=torch.bfloat16 if scheme == "ct-channel" else None)
     ref = transformers.AutoModelForCausalLM.from_pretrained(reference_folder(src, str(root / "ref"), decoded),
                                                             dtype=torch.float32, attn_implementation="eager").eval()
@@ -56,6 +58,9 @@ def test_fp8_folder_holds_fp8_weights(fp8_folder):
     ws = open_weights(path)
     last = ws.config.num_layers - 1  # a full-attention layer in every case (qwen3.5's fourth)
     assert ws.info(f"blk.{last}.attn_output.weight").ggml_type.name == "FP8_E4M3"
+    if arch == "qwen35moe":  # the linear-attention projections' value-head reorders move FP8 rows and blocks
+        for name in ("attn_qkv", "attn_gate", "ssm_out", "ssm_alpha", "ssm_beta"):
+            assert ws.info(f"blk.0.{name}.weight").ggml_type.name == "FP8_E4M3", name
     tensors = load_file(os.path.join(path, "model.safetensors"))
     assert any(t.dtype == torch.float8_e4m3fn for t in tensors.values())
 

@@ -125,6 +125,20 @@ class Qwen35(Architecture):
             return shape, lambda a: tiled(a, 1, dv)
         return None
 
+    def hf_transform_rows(self, name: str, shape: tuple[int, ...], cfg, block: int):
+        # the value-head reorders move whole rows, and ssm_out's move column runs of dv: whole blocks when block | dv
+        if self.hf_transform(name, shape, cfg) is None or name.endswith(("ssm_a", "ssm_conv1d.weight", ".bias")):
+            return None
+        base = ".".join(name.split(".")[2:])
+        Hk, Hv, dk, dv = cfg.ssm_num_k_heads, cfg.ssm_num_v_heads, cfg.ssm_k_head_dim, cfg.ssm_v_head_dim
+        if base == "ssm_out.weight":
+            if dv % block:
+                return None
+            return lambda r: _tile_v_heads(r.reshape(r.shape[0], shape[1] // block, -1), 1, Hk, Hv // Hk,
+                                           dv // block).reshape(r.shape)
+        start, hdim = {"attn_qkv.weight": (2 * Hk * dk, dv), "attn_gate.weight": (0, dv)}.get(base, (0, 1))
+        return lambda r: _tile_v_heads(r, 0, Hk, Hv // Hk, hdim, start)
+
     # ---- layers
     def mixer(self, cfg, layer: int):
         if layer in cfg.linear_layers:
@@ -186,7 +200,7 @@ def _interval(cfg) -> int:
 def _tile_v_heads(a: np.ndarray, axis: int, Hk: int, r: int, hdim: int, start: int = 0) -> np.ndarray:
     """Value heads along `axis` from `start` on, from HF's grouped order (Hk, r, hdim) to GGUF's tiled (r, Hk, hdim):
     llama.cpp's _LinearAttentionVReorderBase."""
-    a = np.array(a, dtype=np.float32)
+    a = np.array(a)  # a copy in a's dtype (float values, or a block type's rows)
     if r == 1:
         return a
     a = np.moveaxis(a, axis, 0)
