@@ -5,6 +5,8 @@ as they load, so a bf16 checkpoint runs in about half its memory.
   fp8 keeps embeddings and lm_head in float; an FP8 checkpoint already is fp8 (nothing to do).
 - "q8_0": every weight matrix llama.cpp's quantizer would quantize (embeddings and the output matrix too) becomes
   GGUF Q8_0, bit for bit what llama.cpp's reference quantizer writes.
+- "q4_k": the same matrices as GGUF Q4_K (Q5_0 where rows are not whole 256-value blocks, as llama.cpp falls back),
+  by ramlm's min-max Q4_K quantizer (no llama.cpp-style scale search: somewhat larger error than its Q4_K_M).
 Tensors that stay float in GGUF files (norms, routers, biases, conv kernels, sinks, 1-D vectors) stay as they are,
 and so do tensors already quantized or whose rows are not whole blocks.
 """
@@ -19,7 +21,7 @@ from cpu_kernels.quant.qtypes import QUANT_SIZES, RamlmType
 from engine.model.gguf import TensorInfo, tensor_nbytes
 from engine.model.weights import WeightSource
 
-METHODS = {"fp8": RamlmType.FP8_E4M3, "q8_0": Q.Q8_0}
+METHODS = {"fp8": RamlmType.FP8_E4M3, "q8_0": Q.Q8_0, "q4_k": Q.Q4_K}
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 # GGUF names llama.cpp's quantizer keeps in float (its llama_tensor_get_type rules for the families ramlm runs)
 _KEEP_FLOAT = re.compile(r"norm|ffn_gate_inp|\.bias$|ssm_conv1d|attn_sinks|exp_probs_b|ssm_a$|ssm_dt|"
@@ -31,7 +33,17 @@ def quantizable(name: str, info: TensorInfo, method: str) -> bool:
         return False
     if method == "fp8" and not name.startswith("blk."):
         return False
-    return info.shape[-1] % QUANT_SIZES[METHODS[method]][0] == 0
+    return target_type(method, info.shape) is not None
+
+
+def target_type(method: str, shape: tuple[int, ...]):
+    """The type `method` gives a matrix of this shape (llama.cpp's fallback where rows are not whole blocks), or
+    None where no block type fits."""
+    t = METHODS[method]
+    if t == Q.Q4_K:
+        from offload.meta import fit_rows
+        t = fit_rows(t, tuple(shape))
+    return t if t not in FLOAT_TYPES and shape[-1] % QUANT_SIZES[t][0] == 0 else None
 
 
 class QuantizedWeights(WeightSource):
@@ -40,7 +52,7 @@ class QuantizedWeights(WeightSource):
     def __init__(self, ws: WeightSource, method: str):
         if method not in METHODS:
             raise ValueError(f"quantization {method!r} is not supported (supported: {', '.join(METHODS)})")
-        self._ws, self.method, self.qtype = ws, method, METHODS[method]
+        self._ws, self.method = ws, method
         self.config, self.path, self.format, self.metadata = ws.config, ws.path, ws.format, ws.metadata
         self._targets = {n for n in ws.names() if quantizable(n, ws.info(n), method)}
 
@@ -54,7 +66,8 @@ class QuantizedWeights(WeightSource):
         info = self._ws.info(name)
         if name not in self._targets:
             return info
-        return TensorInfo(name, self.qtype, info.shape, -1, tensor_nbytes(self.qtype, info.shape))
+        t = target_type(self.method, info.shape)
+        return TensorInfo(name, t, info.shape, -1, tensor_nbytes(t, info.shape))
 
     def raw(self, name: str) -> np.ndarray:
         a = self._ws.raw(name)
@@ -63,7 +76,7 @@ class QuantizedWeights(WeightSource):
         from cpu_kernels.quant.quantize import quantize
         info = self._ws.info(name)
         w = (a.astype(np.uint32) << 16).view(np.float32) if info.ggml_type == Q.BF16 else a.astype(np.float32)
-        rows = quantize(self.qtype, w.reshape(-1, info.shape[-1]))
+        rows = quantize(target_type(self.method, info.shape), w.reshape(-1, info.shape[-1]))
         self._ws.release(name)  # the float bytes are done with
         return rows.reshape(*info.shape[:-1], rows.shape[-1])
 

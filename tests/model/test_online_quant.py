@@ -15,7 +15,7 @@ from engine.args import EngineArgs
 from engine.model.gguf_export import write_gguf
 from engine.model.hf_quant_writer import write_fp8_folder
 from engine.model.loader import load_model
-from engine.model.online_quant import QuantizedWeights, quantizable, quantize_at_load
+from engine.model.online_quant import QuantizedWeights, quantizable, quantize_at_load, target_type
 from engine.model.weights import open_weights
 from tests.model.test_architectures import PROMPTS, rel_err, run_batched, run_incremental
 from tests.model.tiny_models import hf_logits, save_tiny_tokenizer, tiny_model
@@ -45,15 +45,18 @@ def test_q8_0_is_llama_cpp_q8_0(folder):
         assert qw.info(name).nbytes == want.nbytes
 
 
-def test_q8_0_runs_as_the_q8_0_gguf(folder, tmp_path):
-    """The same weights written as a Q8_0 GGUF (the same tensors quantized) give the same logits, bit for bit."""
+@pytest.mark.parametrize("method", ["q8_0", "q4_k"])
+def test_online_model_is_the_gguf_of_its_weights(folder, tmp_path, method):
+    """The same weights written as a GGUF of that type (the same tensors quantized) give the same logits, bit for
+    bit."""
     path, _ = folder
     ws = open_weights(path)
-    gguf_path = str(tmp_path / "q8.gguf")
+    gguf_path = str(tmp_path / f"{method}.gguf")
     tensors = {n: np.asarray(ws.raw(n), np.float32) for n in ws.names()}
-    write_gguf(gguf_path, ws.config, tensors,
-               lambda name, shape: Q.Q8_0 if quantizable(name, ws.info(name), "q8_0") else Q.F32)
-    online, _ = load_model(path, weights=QuantizedWeights(open_weights(path), "q8_0"))
+    write_gguf(gguf_path, ws.config, tensors, lambda name, shape: target_type(method, shape)
+               if quantizable(name, ws.info(name), method) else Q.F32)
+    online, _ = load_model(path, weights=QuantizedWeights(open_weights(path), method))
+    assert online.weights.info("blk.0.ffn_up.weight").ggml_type == {"q8_0": Q.Q8_0, "q4_k": Q.Q4_K}[method]
     offline, _ = load_model(gguf_path)
     for a, b in zip(run_batched(online, PROMPTS), run_batched(offline, PROMPTS)):
         np.testing.assert_array_equal(a, b)
@@ -90,7 +93,7 @@ def test_llm_quantization_argument(folder):
 
 @pytest.mark.parametrize("method", ["awq", "gptq", "int4"])
 def test_other_methods_are_refused(method):
-    with pytest.raises(ValueError, match="quantization must be one of fp8, q8_0"):
+    with pytest.raises(ValueError, match="quantization must be one of fp8, q8_0, q4_k"):
         EngineArgs(quantization=method)
 
 
