@@ -136,3 +136,14 @@ def test_fp8_dequantizes_to_the_checkpoint_values(block_folder):
     info = ws.info("blk.0.attn_q.weight")
     lin = QuantLinear.from_raw(info.ggml_type, ws.raw("blk.0.attn_q.weight"), info.shape)
     np.testing.assert_array_equal(lin.dequantize(), want.astype(np.float32))
+
+
+@pytest.mark.parametrize("weight_dtype", ["packed", "float32"])
+def test_fp8_layers_on_the_device_path(block_folder, weight_dtype):
+    """FP8 layers placed on a device (torch's CPU device here): packed, they stay FP8 rows dequantized per matmul
+    by torch's float8 cast; both give the CPU path's logits."""
+    from tests.offload.helpers import batched, cpu_runner, placed
+    want = batched(cpu_runner(block_folder))
+    model, runner, p, _ = placed(block_folder, n_gpu_layers="all", gpu_weight_dtype=weight_dtype)
+    for got, ref in zip(batched(runner), want):
+        assert rel_err(got, ref) < 1e-4, rel_err(got, ref)
