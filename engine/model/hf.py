@@ -270,6 +270,8 @@ class HFWeights(WeightSource):
                     if hf.startswith(old):
                         hf = new + hf[len(old):]
                 hf = self.arch.hf_rename(hf, c)
+                if isinstance(self.quant, hf_quant.GPTQScheme) and hf.endswith(".qweight"):
+                    hf = hf[:-len("qweight")] + "weight"  # a GPTQ module's weight (_gptq_entry reads the rest)
                 if hf in sources:
                     _fail(f.path, f"tensor '{name}' also appears in {sources[hf][0].path}")
                 sources[hf] = (f, name)
@@ -295,8 +297,8 @@ class HFWeights(WeightSource):
                 self._add(f"blk.{m[1]}.{layer_map[m[2]]}.{m[3]}", c, src)
             elif (m := _SPECIAL_RE.match(hf)) and m[2] in special:
                 self._add(f"blk.{m[1]}.{special[m[2]]}", c, src)
-            elif self.quant is not None and hf.rsplit(".", 1)[-1] in hf_quant.AUX_SUFFIXES:
-                continue  # a scale: read with its weight (_entry)
+            elif self.quant is not None and hf.rsplit(".", 1)[-1] in self._aux_suffixes():
+                continue  # a scale (zero points, g_idx): read with its weight (_entry)
             else:
                 self.unmapped.append(src[1])
         for (layer, proj), by_expert in sorted(experts.items()):
@@ -310,6 +312,8 @@ class HFWeights(WeightSource):
         dtype, shape, offset, nbytes = f.entries[key]
         if dtype == "F8_E4M3":
             return self._fp8_entry(src, gguf_name)
+        if dtype == "I32" and key.endswith(".qweight") and isinstance(self.quant, hf_quant.GPTQScheme):
+            return self._gptq_entry(src, gguf_name)
         if dtype not in _ST_DTYPES:
             _fail(f.path, f"tensor '{key}' ({gguf_name}): dtype {dtype} is not supported (F32, F16, BF16)")
         if not shape or 0 in shape:
@@ -321,8 +325,8 @@ class HFWeights(WeightSource):
         """An FP8 weight and its scale (hf_quant.py) as RamlmType.FP8_E4M3 rows."""
         f, key = src
         what = f"{f.path}: tensor '{key}' ({gguf_name})"
-        if self.quant is None:
-            raise ModelLoadError(f"{what}: float8 weights in a folder whose config.json has no quantization_config")
+        if not isinstance(self.quant, hf_quant.FP8Scheme):
+            raise ModelLoadError(f"{what}: float8 weights in a folder whose config.json has no FP8 quantization_config")
         shape = f.entries[key][1]
         if len(shape) < 2 or 0 in shape:
             raise ModelLoadError(f"{what}: shape {shape} is not usable")
@@ -343,6 +347,26 @@ class HFWeights(WeightSource):
             return hf_quant.fp8_weight_rows(q, scale)
         return RamlmType.FP8_E4M3, shape, load
 
+    def _aux_suffixes(self) -> tuple[str, ...]:
+        return hf_quant.GPTQ_SUFFIXES[1:] if isinstance(self.quant, hf_quant.GPTQScheme) else hf_quant.AUX_SUFFIXES
+
+    def _gptq_entry(self, src: tuple[_SafetensorsFile, str], gguf_name: str) -> tuple[GT, tuple, Callable]:
+        """A symmetric GPTQ module (hf_quant.py) as the GGUF blocks holding its numbers (Q4_0 or Q8_0)."""
+        f, key = src
+        what = f"{f.path}: tensor '{key}' ({gguf_name})"
+        stem = key[:-len("qweight")]
+        N, K, _ = hf_quant.gptq_shapes(f.entries[key][1], self.quant, what)
+        for aux in ("qzeros", "scales"):
+            if stem + aux not in self._file_of:
+                raise ModelLoadError(f"{what}: missing tensor '{stem}{aux}'")
+        gtype = GT.Q4_0 if self.quant.bits == 4 else GT.Q8_0
+
+        def load():
+            part = lambda aux: self.source_array((self._file_of[stem + aux], stem + aux))[1]  # noqa: E731
+            g_idx = part("g_idx") if stem + "g_idx" in self._file_of else None
+            return hf_quant.gptq_rows(part("qweight"), part("qzeros"), part("scales"), g_idx, self.quant, what)[1]
+        return gtype, (N, K), load
+
     def _add(self, name: str, c: ModelConfig, src: tuple[_SafetensorsFile, str]) -> None:
         gtype, shape, load = self._entry(src, name)
         base = name.split(".")[-2]
@@ -357,8 +381,8 @@ class HFWeights(WeightSource):
             load, offset, gtype = (lambda ld=load, t=gtype: _as_f32(ld(), t) + off), -1, GT.F32
         transform = self.arch.hf_transform(name, shape, c)
         rows_fn = self.arch.hf_transform_rows(name, shape, c, QUANT_SIZES[gtype][0]) \
-            if transform is not None and gtype == RamlmType.FP8_E4M3 and transform[0] == shape else None
-        if rows_fn is not None:  # moves of whole rows or blocks: the weight stays FP8
+            if transform is not None and gtype not in _ST_DTYPES.values() and transform[0] == shape else None
+        if rows_fn is not None:  # moves of whole rows or blocks: the weight stays quantized
             load, offset = (lambda ld=load, fn=rows_fn: np.ascontiguousarray(fn(ld()))), -1
         elif transform is not None:
             shape, fn = transform
@@ -372,7 +396,7 @@ class HFWeights(WeightSource):
         if sum(math.prod(sub) for sub, _ in parts.values()) != math.prod(shape):
             _fail(src[0].path, f"tensor '{src[1]}': shape {shape} does not split into "
                                f"{', '.join(f'{rel} {sub}' for rel, (sub, _) in parts.items())}")
-        if gtype == RamlmType.FP8_E4M3:  # the split cuts across scale blocks: the float values, exact
+        if gtype not in _ST_DTYPES.values():  # a quantized weight: the split cuts across blocks, so its float values
             load, gtype = (lambda ld=load, t=gtype: _as_f32(ld(), t)), GT.F32
         for rel, (sub, fn) in parts.items():
             name = f"blk.{layer}.{rel}"
@@ -448,9 +472,9 @@ class HFWeights(WeightSource):
         f, key = src
         dtype, shape, offset, nbytes = f.entries[key]
         np_dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U8": np.uint8,
-                    "F8_E4M3": np.uint8}.get(dtype)
+                    "F8_E4M3": np.uint8, "I32": np.int32}.get(dtype)
         if np_dtype is None:
-            _fail(f.path, f"tensor '{key}': dtype {dtype} is not supported (F32, F16, BF16, U8, F8_E4M3 as bytes)")
+            _fail(f.path, f"tensor '{key}': dtype {dtype} is not supported (F32, F16, BF16, U8, I32, F8_E4M3 as bytes)")
         return dtype, np.frombuffer(f.mm, np_dtype, count=nbytes // _ST_ITEMSIZE[dtype], offset=offset).reshape(shape)
 
     def add_tensor(self, name: str, gtype: GT, shape: tuple[int, ...], load: Callable[[], np.ndarray]) -> None:
@@ -511,8 +535,8 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _as_f32(a: np.ndarray, gtype: GT) -> np.ndarray:
-    if gtype == RamlmType.FP8_E4M3:  # FP8_E4M3 rows -> their float values (exact)
-        return dequantize(a, gtype)
+    if gtype not in _ST_DTYPES.values():  # a block type's rows (FP8, GPTQ's Q4_0/Q8_0) -> their float values (exact)
+        return dequantize(a, gtype).reshape(*a.shape[:-1], -1)
     if gtype == GT.BF16:
         return (a.astype(np.uint32) << 16).view(np.float32)
     return a.astype(np.float32)

@@ -1,10 +1,12 @@
-"""Write FP8 HF checkpoints in the layouts published ones have (no quantized checkpoint can be downloaded here, so
+"""Write quantized HF checkpoints (FP8, GPTQ) in the layouts published ones have (no quantized checkpoint can be downloaded here, so
 tests and benchmarks make their own from float models).
 
 - "fp8-block": quant_method fp8 with weight_block_size [128, 128] and float32 `weight_scale_inv` (Qwen3.x-FP8,
   DeepSeek-V3): routed experts one module per expert, routers, norms, embeddings and lm_head left in float.
 - "ct-channel" / "ct-tensor" / "ct-block": compressed-tensors float-quantized (llm-compressor's FP8_DYNAMIC and
   FP8_BLOCK schemes) with `weight_scale` per output row, per tensor or per 128x128 block.
+- "gptq-4" / "gptq-8": GPTQ (AutoGPTQ's "gptq" checkpoint format), symmetric, group 128: `qweight` int32 packing
+  the values along the input dim, `qzeros` (zero - 1, packed along the outputs), float16 `scales`, `g_idx`.
 quantize_state_dict also returns the float values the checkpoint decodes to, for a reference model.
 """
 from __future__ import annotations
@@ -18,7 +20,8 @@ import numpy as np
 
 from cpu_kernels.quant.fp8_quant import E4M3_MAX, quantize_blockwise, to_e4m3
 
-SCHEMES = ("fp8-block", "ct-channel", "ct-tensor", "ct-block")
+SCHEMES = ("fp8-block", "ct-channel", "ct-tensor", "ct-block", "gptq-4", "gptq-8")
+GPTQ_GROUP = 128
 _LINEAR = re.compile(r"(.*\.layers\.\d+\..*_proj(?:_[a-z_]+)?)\.weight$")  # q_proj, in_proj_qkv, kv_a_proj_with_mqa, ...
 _FUSED = re.compile(r"(.*\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 
@@ -40,6 +43,34 @@ def _quantize(w: np.ndarray, scheme: str, scale_dtype) -> tuple[np.ndarray, np.n
     return q, scale, decoded
 
 
+def _pack(vals: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    """uint values -> int32 words of 32 / bits values along axis (value j at bits j * bits)."""
+    per = 32 // bits
+    v = np.moveaxis(vals.astype(np.uint32), axis, 0)
+    v = v.reshape(v.shape[0] // per, per, *v.shape[1:])
+    words = np.zeros(v.shape[:1] + v.shape[2:], np.uint32)
+    for j in range(per):
+        words |= v[:, j] << np.uint32(bits * j)
+    return np.moveaxis(words, 0, axis).view(np.int32)
+
+
+def _gptq(w: np.ndarray, bits: int) -> tuple[dict, np.ndarray]:
+    """w f32 (N, K) -> (the module's tensors by suffix, the decoded float32 values): symmetric, GPTQ_GROUP."""
+    import torch
+    N, K = w.shape
+    mid, top = 1 << (bits - 1), (1 << bits) - 1
+    g = w.reshape(N, K // GPTQ_GROUP, GPTQ_GROUP)
+    amax = np.abs(g).max(axis=-1)
+    scale = np.where(amax > 0, amax / (mid - 1), 1.0).astype(np.float16)  # (N, G)
+    s32 = scale.astype(np.float32)[..., None]
+    q = np.clip(np.rint(g / s32) + mid, 0, top).astype(np.uint8)  # (N, G, group)
+    decoded = ((q.astype(np.float32) - mid) * s32).reshape(N, K)
+    zeros = np.full((K // GPTQ_GROUP, N), mid - 1, np.uint8)  # the "gptq" format stores zero - 1
+    tensors = {"qweight": _pack(q.reshape(N, K).T, bits, 0), "qzeros": _pack(zeros, bits, 1),
+               "scales": scale.T.copy(), "g_idx": (np.arange(K) // GPTQ_GROUP).astype(np.int32)}
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}, decoded
+
+
 def _eligible(w: np.ndarray) -> bool:
     return w.ndim == 2 and w.shape[1] % 128 == 0
 
@@ -57,6 +88,10 @@ def quantize_state_dict(sd: dict, scheme: str = "fp8-block", scale_dtype=None) -
     out, decoded = {}, dict(sd)
 
     def put(stem: str, w: np.ndarray) -> np.ndarray:
+        if scheme.startswith("gptq"):
+            tensors, dec = _gptq(w, int(scheme[-1]))
+            out.update({f"{stem}.{k}": v for k, v in tensors.items()})
+            return dec
         q, scale, dec = _quantize(w, scheme, scale_dtype)
         out[f"{stem}.weight"] = torch.from_numpy(q).view(torch.float8_e4m3fn)
         stored = torch.float32 if scheme.endswith("block") else scale_dtype  # block scales: float32, as published
@@ -87,6 +122,10 @@ def quantization_config(scheme: str) -> dict:
     """config.json's quantization_config for a scheme, as the published checkpoints write it."""
     if scheme == "fp8-block":
         return {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+    if scheme.startswith("gptq"):
+        return {"quant_method": "gptq", "bits": int(scheme[-1]), "group_size": GPTQ_GROUP, "desc_act": False,
+                "sym": True, "checkpoint_format": "gptq", "damp_percent": 0.01, "static_groups": False,
+                "true_sequential": True}
     strategy = scheme.removeprefix("ct-")
     return {
         "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
@@ -99,8 +138,9 @@ def quantization_config(scheme: str) -> dict:
                                   "symmetric": True}}}}
 
 
-def write_fp8_folder(src: str, dst: str, scheme: str = "fp8-block", scale_dtype=None) -> dict:
-    """Quantize the float HF folder src (config.json + safetensors written by transformers) into dst.
+def write_quantized_folder(src: str, dst: str, scheme: str = "fp8-block", scale_dtype=None) -> dict:
+    """Quantize the float HF folder src (config.json + safetensors written by transformers) into dst in a SCHEMES
+    layout.
 
     Returns the decoded state dict (quantize_state_dict's second value) keyed as src's tensors."""
     from safetensors.torch import load_file, save_file

@@ -13,7 +13,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from engine.errors import ModelLoadError
-from engine.model.hf_quant_writer import write_fp8_folder
+from engine.model.hf_quant_writer import write_quantized_folder
 from engine.model.info import model_info
 from engine.model.loader import load_model
 from engine.model.weights import open_weights
@@ -43,7 +43,7 @@ def fp8_folder(request, tmp_path_factory):
     # qwen3.5: value heads of 128 (as the real models) so that ssm_out's reorder moves whole FP8 blocks
     extra = {"linear_value_head_dim": 128} if arch == "qwen35moe" else {}
     tiny_model(arch, **extra).save_pretrained(src, safe_serialization=True)
-    decoded = write_fp8_folder(src, dst, scheme, scale_dtype=torch.bfloat16 if scheme == "ct-channel" else None)
+    decoded = write_quantized_folder(src, dst, scheme, scale_dtype=torch.bfloat16 if scheme == "ct-channel" else None)
     ref = transformers.AutoModelForCausalLM.from_pretrained(reference_folder(src, str(root / "ref"), decoded),
                                                             dtype=torch.float32, attn_implementation="eager").eval()
     return arch, scheme, dst, [hf_logits(ref, p).numpy() for p in PROMPTS]
@@ -92,7 +92,7 @@ def _edit(path: str, tmp_path, config=None, drop=None) -> str:
 def block_folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("fp8-errors")
     tiny_model("qwen3").save_pretrained(str(root / "float"), safe_serialization=True)
-    write_fp8_folder(str(root / "float"), str(root / "fp8"))
+    write_quantized_folder(str(root / "float"), str(root / "fp8"))
     return str(root / "fp8")
 
 
@@ -120,7 +120,7 @@ def test_float8_without_quantization_config_is_refused(block_folder, tmp_path):
     cfg = json.loads(open(os.path.join(path, "config.json")).read())
     del cfg["quantization_config"]
     open(os.path.join(path, "config.json"), "w").write(json.dumps(cfg))
-    with pytest.raises(ModelLoadError, match="float8 weights in a folder whose config.json has no quantization_conf"):
+    with pytest.raises(ModelLoadError, match="float8 weights in a folder whose config.json has no FP8 quantization_conf"):
         load_model(path)
 
 

@@ -13,7 +13,7 @@ from cpu_kernels.quant.fp8_quant import quantize_rows
 from engine import LLM, SamplingParams
 from engine.args import EngineArgs
 from engine.model.gguf_export import write_gguf
-from engine.model.hf_quant_writer import write_fp8_folder
+from engine.model.hf_quant_writer import write_quantized_folder
 from engine.model.loader import load_model
 from engine.model.online_quant import QuantizedWeights, quantizable, quantize_at_load, target_type
 from engine.model.weights import open_weights
@@ -99,7 +99,7 @@ def test_other_methods_are_refused(method):
 
 def test_a_quantized_checkpoint_keeps_its_own_scheme(folder, tmp_path):
     path, _ = folder
-    write_fp8_folder(path, str(tmp_path / "fp8"))
+    write_quantized_folder(path, str(tmp_path / "fp8"))
     ws = open_weights(str(tmp_path / "fp8"))
     assert quantize_at_load(ws, "fp8") is ws
     with pytest.raises(ValueError, match="already quantized .quant_method 'fp8'.; quantization='q8_0'"):

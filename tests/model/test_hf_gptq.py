@@ -1,0 +1,116 @@
+"""GPTQ HF checkpoints (symmetric 4- and 8-bit, group 128, AutoGPTQ's layout) against transformers running the values
+the checkpoint decodes to; they load as the GGUF blocks holding the same numbers (Q4_0 / Q8_0)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+from engine.errors import ModelLoadError
+from engine.model.hf_quant_writer import write_quantized_folder
+from engine.model.loader import load_model
+from engine.model.weights import open_weights
+from tests.model.test_architectures import PROMPTS, assert_quantized_close, rel_err, run_batched, run_incremental
+from tests.model.test_hf_fp8 import reference_folder
+from tests.model.tiny_models import hf_logits, tiny_model
+
+CASES = [("llama", 4), ("qwen3moe", 4), ("qwen3", 8)]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-gptq{c[1]}")
+def gptq_folder(request, tmp_path_factory):
+    arch, bits = request.param
+    root = tmp_path_factory.mktemp(f"gptq-{arch}-{bits}")
+    src, dst = str(root / "float"), str(root / "gptq")
+    tiny_model(arch).save_pretrained(src, safe_serialization=True)
+    decoded = write_quantized_folder(src, dst, f"gptq-{bits}")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(reference_folder(src, str(root / "ref"), decoded),
+                                                            dtype=torch.float32, attn_implementation="eager").eval()
+    return arch, bits, dst, [hf_logits(ref, p).numpy() for p in PROMPTS]
+
+
+def test_gptq_loads_as_blocks_of_the_same_numbers(gptq_folder):
+    arch, bits, path, _ = gptq_folder
+    ws = open_weights(path)
+    assert ws.info("blk.1.attn_output.weight").ggml_type.name == ("Q4_0" if bits == 4 else "Q8_0")
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    assert "model.layers.1.self_attn.o_proj.qweight" in tensors and tensors[
+        "model.layers.1.self_attn.o_proj.qweight"].dtype == torch.int32
+
+
+def test_gptq_matches_transformers_on_decoded_weights(gptq_folder):
+    """Q4_0/Q8_0's kernels round the activations to int8 per 32 values, as llama.cpp does (about 0.5 %)."""
+    arch, bits, path, refs = gptq_folder
+    model, _ = load_model(path)
+    for got, ref in zip(run_batched(model, PROMPTS), refs):
+        assert_quantized_close(arch, got, ref)
+    assert_quantized_close(arch, run_incremental(model, PROMPTS[0], 6), refs[0])
+
+
+def test_gptq_weights_are_exact(gptq_folder):
+    """The loaded o_proj holds exactly scale * (q - zero) of the checkpoint."""
+    arch, bits, path, _ = gptq_folder
+    from cpu_kernels.quant import QuantLinear
+    from engine.model import hf_quant
+    ws = open_weights(path)
+    t = load_file(os.path.join(path, "model.safetensors"))
+    p = "model.layers.1.self_attn.o_proj."
+    q = hf_quant._unpack(t[p + "qweight"].numpy(), bits, 0).astype(np.float32)  # (K, N)
+    z = hf_quant._unpack(t[p + "qzeros"].numpy(), bits, 1).astype(np.float32) + 1  # (G, N)
+    s = t[p + "scales"].numpy().astype(np.float32)
+    g = np.arange(q.shape[0]) // 128
+    want = ((q - z[g]) * s[g]).T
+    info = ws.info("blk.1.attn_output.weight")
+    got = QuantLinear.from_raw(info.ggml_type, ws.raw("blk.1.attn_output.weight"), info.shape).dequantize()
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.fixture(scope="module")
+def q4_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gptq-errors")
+    tiny_model("qwen3").save_pretrained(str(root / "float"), safe_serialization=True)
+    write_quantized_folder(str(root / "float"), str(root / "gptq"), "gptq-4")
+    return str(root / "gptq")
+
+
+def _edit(path, tmp_path, config=None, tensors=None):
+    out = tmp_path / "edited"
+    shutil.copytree(path, out)
+    if config is not None:
+        cfg = json.loads((out / "config.json").read_text())
+        cfg["quantization_config"] = config(cfg["quantization_config"])
+        (out / "config.json").write_text(json.dumps(cfg))
+    if tensors is not None:
+        t = load_file(str(out / "model.safetensors"))
+        tensors(t)
+        save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return str(out)
+
+
+def _asym(t):
+    key = "model.layers.0.mlp.up_proj.qzeros"
+    t[key] = t[key] + 1  # zero points of 9: asymmetric
+
+
+def _act_order(t):
+    key = "model.layers.0.mlp.up_proj.g_idx"
+    t[key] = torch.flip(t[key], [0]).contiguous()
+
+
+@pytest.mark.parametrize("config, tensors, message", [
+    (lambda qc: {**qc, "sym": False}, None, "asymmetric GPTQ .sym: false. is not supported yet"),
+    (lambda qc: {**qc, "bits": 3}, None, "gptq bits 3 are not supported"),
+    (lambda qc: {**qc, "group_size": 48}, None, "gptq group_size 48 is not supported"),
+    (None, _asym, "zero points other than 8"),
+    (None, _act_order, "act-order"),
+    (None, lambda t: t.pop("model.layers.1.self_attn.k_proj.scales"), "missing tensor 'model.layers.1.self_attn.k_proj.scales'"),
+])
+def test_unsupported_or_broken_gptq_is_refused(q4_folder, tmp_path, config, tensors, message):
+    with pytest.raises(ModelLoadError, match=message):
+        load_model(_edit(q4_folder, tmp_path, config, tensors))
