@@ -351,7 +351,7 @@ class HFWeights(WeightSource):
         return hf_quant.GPTQ_SUFFIXES[1:] if isinstance(self.quant, hf_quant.GPTQScheme) else hf_quant.AUX_SUFFIXES
 
     def _gptq_entry(self, src: tuple[_SafetensorsFile, str], gguf_name: str) -> tuple[GT, tuple, Callable]:
-        """A symmetric GPTQ module (hf_quant.py) as the GGUF blocks holding its numbers (Q4_0 or Q8_0)."""
+        """A GPTQ / AWQ module (hf_quant.py) as the GGUF blocks holding its numbers (Q4_0, Q5_0 or Q8_0)."""
         f, key = src
         what = f"{f.path}: tensor '{key}' ({gguf_name})"
         stem = key[:-len("qweight")]
@@ -359,13 +359,12 @@ class HFWeights(WeightSource):
         for aux in ("qzeros", "scales"):
             if stem + aux not in self._file_of:
                 raise ModelLoadError(f"{what}: missing tensor '{stem}{aux}'")
-        gtype = GT.Q4_0 if self.quant.bits == 4 else GT.Q8_0
 
         def load():
             part = lambda aux: self.source_array((self._file_of[stem + aux], stem + aux))[1]  # noqa: E731
             g_idx = part("g_idx") if stem + "g_idx" in self._file_of else None
-            return hf_quant.gptq_rows(part("qweight"), part("qzeros"), part("scales"), g_idx, self.quant, what)[1]
-        return gtype, (N, K), load
+            return hf_quant.gptq_rows(part("qweight"), part("qzeros"), part("scales"), g_idx, self.quant, what)
+        return self.quant.ggml_type, (N, K), load
 
     def _add(self, name: str, c: ModelConfig, src: tuple[_SafetensorsFile, str]) -> None:
         gtype, shape, load = self._entry(src, name)

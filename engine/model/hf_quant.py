@@ -13,11 +13,15 @@ Layers left unquantized (`ignore`, `modules_to_not_convert`) are plain F32/F16/B
 GPTQ (quant_method "gptq", AutoGPTQ/GPTQModel's layout): `<name>.qweight` int32 (K / 32 * bits, N) packing `bits`-bit
 values along the input dim (value of input row 32 i / bits + j at bits j * bits), `<name>.scales` float16 (K / g, N),
 `<name>.qzeros` int32 (K / g, N / 32 * bits) packing zero points along the outputs (stored minus one in the "gptq"
-checkpoint format, as they are in "gptq_v2"), `<name>.g_idx` int32 (K,); value = scale * (q - zero). Symmetric
-checkpoints (every zero at 2^(bits - 1)) become GGUF blocks with the same numbers: 4-bit as Q4_0 (fp16 d = the group's
-scale, q - 8), 8-bit as Q8_0 (q - 128): exact, and run by those formats' kernels (4.5 / 8.5 bits a weight against the
-file's ~4.1 / 8.1). Groups must be whole 32-value blocks (32, 64, 128, ..., or -1: one group per row).
-Not yet: asymmetric zero points, act-order with a g_idx that is not k // group_size, 2/3-bit.
+checkpoint format, as they are in "gptq_v2"), `<name>.g_idx` int32 (K,); value = scale * (q - zero).
+AWQ (quant_method "awq", AutoAWQ's "gemm" version): `<name>.qweight` int32 (K, N / 8) packing 4-bit values along the
+outputs in the order 0, 2, 4, 6, 1, 3, 5, 7, `<name>.qzeros` (K / g, N / 8) likewise, `<name>.scales` float16 (K / g,
+N); value = scale * (q - zero).
+Both become GGUF blocks holding the same numbers, exactly, run by those formats' kernels: symmetric 4-bit (every
+zero 8) as Q4_0 (fp16 d = the group's scale, q - 8: 4.5 bits a weight against the file's ~4.1), asymmetric 4-bit as
+Q5_0 (q - zero in -15..15 fits its 5-bit range: 5.5 bits), symmetric 8-bit as Q8_0. Groups must be whole 32-value
+blocks (32, 64, 128, ..., or -1: one group per row).
+Not yet: asymmetric 8-bit, act-order with a g_idx that is not k // group_size, 2/3-bit, AWQ's gemv/marlin layouts.
 """
 from __future__ import annotations
 
@@ -33,17 +37,24 @@ from engine.errors import ModelLoadError
 SCALE_SUFFIXES = ("weight_scale_inv", "weight_scale")
 AUX_SUFFIXES = SCALE_SUFFIXES + ("input_scale",)
 SUPPORTED = ("fp8 (e4m3, block-wise or per-tensor), compressed-tensors float-quantized (FP8 W8A8/W8A16), gptq "
-             "(4/8-bit symmetric)")
+             "(4-bit, 8-bit symmetric), awq (4-bit gemm)")
 GPTQ_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
 
 
 @dataclass(frozen=True)
 class GPTQScheme:
-    """A GPTQ checkpoint: bits (4 or 8), group (values per scale along K; -1: the whole row), v2 zero points."""
+    """A GPTQ or AWQ checkpoint: bits (4 or 8), group (values per scale along K; -1: the whole row), sym (every zero
+    point at 2^(bits - 1)), v2 (zero points stored as they are; the "gptq" format stores them minus one)."""
     bits: int
     group: int
+    sym: bool
     v2: bool
     method: str = "gptq"
+
+    @property
+    def ggml_type(self):
+        from gguf import GGMLQuantizationType as Q
+        return Q.Q8_0 if self.bits == 8 else Q.Q4_0 if self.sym else Q.Q5_0
 
 
 @dataclass(frozen=True)
@@ -97,18 +108,35 @@ def _compressed_tensors(qc: dict, source: str) -> FP8Scheme:
     return FP8Scheme(blocks.pop(), "compressed-tensors")
 
 
+def _group(qc: dict, source: str, method: str) -> int:
+    group = qc.get("group_size", qc.get("q_group_size", 128))
+    if not isinstance(group, int) or isinstance(group, bool) or not (group == -1 or (group > 0 and group % 32 == 0)):
+        _fail(source, f"{method} group_size {group!r} is not supported (a multiple of 32, or -1)")
+    return group
+
+
 def _gptq(qc: dict, source: str) -> GPTQScheme:
-    bits, group = qc.get("bits"), qc.get("group_size", 128)
+    bits = qc.get("bits")
     if bits not in (4, 8):
         _fail(source, f"gptq bits {bits!r} are not supported (4, 8)")
-    if not isinstance(group, int) or isinstance(group, bool) or not (group == -1 or (group > 0 and group % 32 == 0)):
-        _fail(source, f"gptq group_size {group!r} is not supported (a multiple of 32, or -1)")
-    if qc.get("sym", True) is not True:
-        _fail(source, "asymmetric GPTQ (sym: false) is not supported yet")
+    group, sym = _group(qc, source, "gptq"), qc.get("sym", True)
+    if bits == 8 and sym is not True:
+        _fail(source, "asymmetric 8-bit GPTQ (sym: false) is not supported yet")
     fmt = qc.get("checkpoint_format", "gptq")
     if fmt not in ("gptq", "gptq_v2"):
         _fail(source, f"gptq checkpoint_format {fmt!r} is not supported (gptq, gptq_v2)")
-    return GPTQScheme(bits, group, fmt == "gptq_v2")
+    return GPTQScheme(bits, group, sym is True, fmt == "gptq_v2")
+
+
+def _awq(qc: dict, source: str) -> GPTQScheme:
+    bits, version = qc.get("bits", qc.get("w_bit")), str(qc.get("version", "gemm")).lower()
+    if bits != 4:
+        _fail(source, f"awq bits {bits!r} are not supported (4)")
+    if version != "gemm":
+        _fail(source, f"awq version {version!r} is not supported yet (gemm)")
+    if qc.get("zero_point", True) is not True:
+        _fail(source, "awq without zero points is not supported yet")
+    return GPTQScheme(4, _group(qc, source, "awq"), False, True, "awq")
 
 
 def parse(config_json: dict, source: str = "config.json") -> FP8Scheme | GPTQScheme | None:
@@ -134,6 +162,8 @@ def parse(config_json: dict, source: str = "config.json") -> FP8Scheme | GPTQSch
         return _compressed_tensors(qc, source)
     if method == "gptq":
         return _gptq(qc, source)
+    if method == "awq":
+        return _awq(qc, source)
     _fail(source, f"quant_method {method!r} is not supported yet (supported: {SUPPORTED})")
 
 
@@ -182,51 +212,74 @@ def fp8_weight_rows(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return out.reshape(*lead, N, -1)
 
 
-def _unpack(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
-    """int32 words packing 32 / bits values each (value j at bits j * bits) -> uint8 values, unpacked along axis."""
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's gemm packing: nibble i of a word holds column 8 c + AWQ_ORDER[i]
+
+
+def _unpack(words: np.ndarray, bits: int, axis: int, order=None) -> np.ndarray:
+    """int32 words packing 32 / bits values each (value j at bits j * bits, or at AWQ_ORDER's place) -> uint8 values,
+    unpacked along axis."""
     per = 32 // bits
     w = np.asarray(words).view(np.uint32)
     vals = np.stack([(w >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], axis=axis + 1)
+    if order is not None:  # slot i holds value order[i]: put each value back at its own index
+        vals = np.take(vals, np.argsort(order), axis=axis + 1)
     shape = list(w.shape)
     shape[axis] *= per
     return vals.reshape(shape).astype(np.uint8)
 
 
 def gptq_shapes(qweight_shape: tuple, scheme: GPTQScheme, what: str) -> tuple[int, int, int]:
-    """(N, K, groups) of a GPTQ weight from its qweight's shape; ModelLoadError if they do not fit the scheme."""
+    """(N, K, groups) of a GPTQ / AWQ weight from its qweight's shape; ModelLoadError if they do not fit the scheme."""
     if len(qweight_shape) != 2:
         raise ModelLoadError(f"{what}: qweight of shape {qweight_shape} is not 2-D")
-    K, N = qweight_shape[0] * 32 // scheme.bits, qweight_shape[1]
+    if scheme.method == "awq":
+        K, N = qweight_shape[0], qweight_shape[1] * 32 // scheme.bits
+    else:
+        K, N = qweight_shape[0] * 32 // scheme.bits, qweight_shape[1]
     group = K if scheme.group == -1 else scheme.group
     if K % group or K % 32:
         raise ModelLoadError(f"{what}: {K} input values do not split into groups of {group} (and 32-value blocks)")
     return N, K, K // group
 
 
-def gptq_rows(qweight, qzeros, scales, g_idx, scheme: GPTQScheme, what: str):
-    """A symmetric GPTQ weight -> (GGUF type, rows uint8 (N, row bytes)): Q4_0 / Q8_0 blocks holding its numbers."""
+def _q5_0_blocks(v: np.ndarray) -> np.ndarray:
+    """values -16..15 (N, nb, 32) -> Q5_0 bytes after d: qh (bit j: the high bit of q + 16) then the low nibbles."""
+    u = (v + 16).astype(np.uint8)
+    qh = ((u >> 4).astype(np.uint32) << np.arange(32, dtype=np.uint32)).sum(axis=-1, dtype=np.uint32)
+    lo = u & 15
+    return np.concatenate([qh[..., None].view(np.uint8).reshape(*qh.shape, 4), lo[..., :16] | (lo[..., 16:] << 4)],
+                          axis=-1)
+
+
+def gptq_rows(qweight, qzeros, scales, g_idx, scheme: GPTQScheme, what: str) -> np.ndarray:
+    """A GPTQ / AWQ weight -> rows uint8 (N, row bytes) of scheme.ggml_type (Q4_0, Q5_0 or Q8_0) holding its
+    numbers: d = the group's scale, q - zero."""
     from gguf import GGMLQuantizationType as Q
     N, K, G = gptq_shapes(qweight.shape, scheme, what)
     group = K // G
-    if scales.shape != (G, N) or qzeros.shape != (G, N * scheme.bits // 32):
+    per = 32 // scheme.bits
+    awq = scheme.method == "awq"
+    if scales.shape != (G, N) or qzeros.shape != (G, N // per):
         raise ModelLoadError(f"{what}: scales {scales.shape} / qzeros {qzeros.shape} do not fit {G} groups of {N}")
     if g_idx is not None and not np.array_equal(np.asarray(g_idx), np.arange(K) // group):
         raise ModelLoadError(f"{what}: act-order (a g_idx that is not k // group_size) is not supported yet")
-    zeros = _unpack(qzeros, scheme.bits, 1).astype(np.int32) + (0 if scheme.v2 else 1)
+    order = AWQ_ORDER if awq else None
+    zeros = _unpack(qzeros, scheme.bits, 1, order).astype(np.int32) + (0 if scheme.v2 else 1)  # (G, N)
     mid = 1 << (scheme.bits - 1)
-    if not (zeros == mid).all():
-        raise ModelLoadError(f"{what}: zero points other than {mid} (an asymmetric checkpoint) are not supported yet")
-    q = _unpack(qweight, scheme.bits, 0).T  # (N, K) unsigned values
+    if scheme.sym and not (zeros == mid).all():
+        raise ModelLoadError(f"{what}: zero points other than {mid} in a symmetric checkpoint")
+    q = (_unpack(qweight, scheme.bits, 1, order) if awq else _unpack(qweight, scheme.bits, 0)).T  # (N, K)
+    v = (q.astype(np.int32) - np.repeat(zeros.T, group, axis=1)).reshape(N, K // 32, 32)  # q - zero
     d = np.repeat(np.asarray(scales, np.float16).T, group // 32, axis=1)  # (N, K / 32): a scale per 32-block
-    nb = K // 32
-    if scheme.bits == 4:  # Q4_0: d, then element j in the low nibble of byte j, element j + 16 in the high one
-        blocks = q.reshape(N, nb, 32)
-        out = np.empty((N, nb, 18), np.uint8)
-        out[..., 2:] = blocks[..., :16] | (blocks[..., 16:] << 4)
-        qtype = Q.Q4_0
-    else:  # Q8_0: d, then q - 128 as int8
-        out = np.empty((N, nb, 34), np.uint8)
-        out[..., 2:] = (q.reshape(N, nb, 32).astype(np.int16) - 128).astype(np.int8).view(np.uint8)
-        qtype = Q.Q8_0
-    out[..., :2] = d.view(np.uint8).reshape(N, nb, 2)
-    return qtype, out.reshape(N, -1)
+    t = scheme.ggml_type
+    if t == Q.Q4_0:  # d, then (q - zero) + 8 of element j in the low nibble of byte j, element j + 16's in the high
+        u = (v + 8).astype(np.uint8)
+        body = u[..., :16] | (u[..., 16:] << 4)
+    elif t == Q.Q5_0:
+        if v.min() < -16 or v.max() > 15:
+            raise ModelLoadError(f"{what}: zero points outside 0..15")
+        body = _q5_0_blocks(v)
+    else:
+        body = v.astype(np.int8).view(np.uint8)
+    out = np.concatenate([d.view(np.uint8).reshape(N, K // 32, 2), body], axis=-1)
+    return out.reshape(N, -1)

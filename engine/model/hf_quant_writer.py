@@ -5,8 +5,10 @@ tests and benchmarks make their own from float models).
   DeepSeek-V3): routed experts one module per expert, routers, norms, embeddings and lm_head left in float.
 - "ct-channel" / "ct-tensor" / "ct-block": compressed-tensors float-quantized (llm-compressor's FP8_DYNAMIC and
   FP8_BLOCK schemes) with `weight_scale` per output row, per tensor or per 128x128 block.
-- "gptq-4" / "gptq-8": GPTQ (AutoGPTQ's "gptq" checkpoint format), symmetric, group 128: `qweight` int32 packing
-  the values along the input dim, `qzeros` (zero - 1, packed along the outputs), float16 `scales`, `g_idx`.
+- "gptq-4" / "gptq-8" / "gptq-4-asym": GPTQ (AutoGPTQ's "gptq" checkpoint format), group 128: `qweight` int32
+  packing the values along the input dim, `qzeros` (zero - 1, packed along the outputs), float16 `scales`, `g_idx`.
+- "awq": AutoAWQ's gemm layout, 4-bit with zero points, group 128: `qweight` (K, N / 8) and `qzeros` packed along the
+  outputs in the order 0, 2, 4, 6, 1, 3, 5, 7, float16 `scales`.
 quantize_state_dict also returns the float values the checkpoint decodes to, for a reference model.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 
 from cpu_kernels.quant.fp8_quant import E4M3_MAX, quantize_blockwise, to_e4m3
 
-SCHEMES = ("fp8-block", "ct-channel", "ct-tensor", "ct-block", "gptq-4", "gptq-8")
+SCHEMES = ("fp8-block", "ct-channel", "ct-tensor", "ct-block", "gptq-4", "gptq-8", "gptq-4-asym", "awq")
 GPTQ_GROUP = 128
 _LINEAR = re.compile(r"(.*\.layers\.\d+\..*_proj(?:_[a-z_]+)?)\.weight$")  # q_proj, in_proj_qkv, kv_a_proj_with_mqa, ...
 _FUSED = re.compile(r"(.*\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
@@ -43,31 +45,53 @@ def _quantize(w: np.ndarray, scheme: str, scale_dtype) -> tuple[np.ndarray, np.n
     return q, scale, decoded
 
 
-def _pack(vals: np.ndarray, bits: int, axis: int) -> np.ndarray:
-    """uint values -> int32 words of 32 / bits values along axis (value j at bits j * bits)."""
+def _pack(vals: np.ndarray, bits: int, axis: int, order=None) -> np.ndarray:
+    """uint values -> int32 words of 32 / bits values along axis (value j at bits j * bits; with order, slot i holds
+    value order[i])."""
     per = 32 // bits
     v = np.moveaxis(vals.astype(np.uint32), axis, 0)
     v = v.reshape(v.shape[0] // per, per, *v.shape[1:])
     words = np.zeros(v.shape[:1] + v.shape[2:], np.uint32)
-    for j in range(per):
-        words |= v[:, j] << np.uint32(bits * j)
+    for i in range(per):
+        words |= v[:, order[i] if order else i] << np.uint32(bits * i)
     return np.moveaxis(words, 0, axis).view(np.int32)
 
 
-def _gptq(w: np.ndarray, bits: int) -> tuple[dict, np.ndarray]:
-    """w f32 (N, K) -> (the module's tensors by suffix, the decoded float32 values): symmetric, GPTQ_GROUP."""
-    import torch
+def _int_quant(w: np.ndarray, bits: int, sym: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """w f32 (N, K) -> (q uint8 (N, K), zeros uint8 (G, N), scales f16 (G, N), decoded f32 (N, K)), GPTQ_GROUP."""
     N, K = w.shape
-    mid, top = 1 << (bits - 1), (1 << bits) - 1
+    top = (1 << bits) - 1
     g = w.reshape(N, K // GPTQ_GROUP, GPTQ_GROUP)
-    amax = np.abs(g).max(axis=-1)
-    scale = np.where(amax > 0, amax / (mid - 1), 1.0).astype(np.float16)  # (N, G)
+    if sym:
+        mid = 1 << (bits - 1)
+        amax = np.abs(g).max(axis=-1)
+        scale = np.where(amax > 0, amax / (mid - 1), 1.0).astype(np.float16)
+        zero = np.full(scale.shape, mid, np.int32)
+    else:
+        lo, hi = np.minimum(g.min(axis=-1), 0), np.maximum(g.max(axis=-1), 0)
+        scale = np.where(hi > lo, (hi - lo) / top, 1.0).astype(np.float16)
+        zero = np.clip(np.rint(-lo / scale.astype(np.float32)), 0, top).astype(np.int32)
     s32 = scale.astype(np.float32)[..., None]
-    q = np.clip(np.rint(g / s32) + mid, 0, top).astype(np.uint8)  # (N, G, group)
-    decoded = ((q.astype(np.float32) - mid) * s32).reshape(N, K)
-    zeros = np.full((K // GPTQ_GROUP, N), mid - 1, np.uint8)  # the "gptq" format stores zero - 1
-    tensors = {"qweight": _pack(q.reshape(N, K).T, bits, 0), "qzeros": _pack(zeros, bits, 1),
-               "scales": scale.T.copy(), "g_idx": (np.arange(K) // GPTQ_GROUP).astype(np.int32)}
+    q = np.clip(np.rint(g / s32) + zero[..., None], 0, top).astype(np.uint8)
+    decoded = ((q.astype(np.float32) - zero[..., None]) * s32).reshape(N, K)
+    return q.reshape(N, K), zero.T.astype(np.uint8), scale.T.copy(), decoded
+
+
+def _gptq(w: np.ndarray, bits: int, sym: bool = True) -> tuple[dict, np.ndarray]:
+    """w f32 (N, K) -> (the module's tensors by suffix, the decoded float32 values), GPTQ's layout."""
+    import torch
+    q, zero, scale, decoded = _int_quant(w, bits, sym)
+    tensors = {"qweight": _pack(q.T, bits, 0), "qzeros": _pack(zero - 1, bits, 1),  # the "gptq" format: zero - 1
+               "scales": scale, "g_idx": (np.arange(w.shape[1]) // GPTQ_GROUP).astype(np.int32)}
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}, decoded
+
+
+def _awq(w: np.ndarray) -> tuple[dict, np.ndarray]:
+    """w f32 (N, K) -> (the module's tensors by suffix, the decoded float32 values), AutoAWQ's gemm layout."""
+    import torch
+    from engine.model.hf_quant import AWQ_ORDER
+    q, zero, scale, decoded = _int_quant(w, 4, sym=False)
+    tensors = {"qweight": _pack(q.T, 4, 1, AWQ_ORDER), "qzeros": _pack(zero, 4, 1, AWQ_ORDER), "scales": scale}
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}, decoded
 
 
@@ -88,8 +112,8 @@ def quantize_state_dict(sd: dict, scheme: str = "fp8-block", scale_dtype=None) -
     out, decoded = {}, dict(sd)
 
     def put(stem: str, w: np.ndarray) -> np.ndarray:
-        if scheme.startswith("gptq"):
-            tensors, dec = _gptq(w, int(scheme[-1]))
+        if scheme.startswith(("gptq", "awq")):
+            tensors, dec = _awq(w) if scheme == "awq" else _gptq(w, int(scheme[5]), not scheme.endswith("asym"))
             out.update({f"{stem}.{k}": v for k, v in tensors.items()})
             return dec
         q, scale, dec = _quantize(w, scheme, scale_dtype)
@@ -123,9 +147,12 @@ def quantization_config(scheme: str) -> dict:
     if scheme == "fp8-block":
         return {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
     if scheme.startswith("gptq"):
-        return {"quant_method": "gptq", "bits": int(scheme[-1]), "group_size": GPTQ_GROUP, "desc_act": False,
-                "sym": True, "checkpoint_format": "gptq", "damp_percent": 0.01, "static_groups": False,
-                "true_sequential": True}
+        return {"quant_method": "gptq", "bits": int(scheme[5]), "group_size": GPTQ_GROUP, "desc_act": False,
+                "sym": not scheme.endswith("asym"), "checkpoint_format": "gptq", "damp_percent": 0.01,
+                "static_groups": False, "true_sequential": True}
+    if scheme == "awq":
+        return {"quant_method": "awq", "bits": 4, "group_size": GPTQ_GROUP, "zero_point": True, "version": "gemm",
+                "modules_to_not_convert": None}
     strategy = scheme.removeprefix("ct-")
     return {
         "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",

@@ -1,5 +1,6 @@
-"""GPTQ HF checkpoints (symmetric 4- and 8-bit, group 128, AutoGPTQ's layout) against transformers running the values
-the checkpoint decodes to; they load as the GGUF blocks holding the same numbers (Q4_0 / Q8_0)."""
+"""GPTQ (4-bit symmetric and asymmetric, 8-bit symmetric; AutoGPTQ's layout) and AWQ (4-bit gemm, AutoAWQ's layout)
+HF checkpoints against transformers running the values the checkpoint decodes to; they load as the GGUF blocks holding
+the same numbers (Q4_0, Q5_0, Q8_0)."""
 from __future__ import annotations
 
 import json
@@ -20,25 +21,27 @@ from tests.model.test_architectures import PROMPTS, assert_quantized_close, rel_
 from tests.model.test_hf_fp8 import reference_folder
 from tests.model.tiny_models import hf_logits, tiny_model
 
-CASES = [("llama", 4), ("qwen3moe", 4), ("qwen3", 8)]
+CASES = [("llama", "gptq-4"), ("qwen3moe", "gptq-4"), ("qwen3", "gptq-8"), ("qwen3", "gptq-4-asym"),
+         ("llama", "awq"), ("qwen3moe", "awq")]
+TYPE = {"gptq-4": "Q4_0", "gptq-8": "Q8_0", "gptq-4-asym": "Q5_0", "awq": "Q5_0"}
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-gptq{c[1]}")
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
 def gptq_folder(request, tmp_path_factory):
-    arch, bits = request.param
-    root = tmp_path_factory.mktemp(f"gptq-{arch}-{bits}")
-    src, dst = str(root / "float"), str(root / "gptq")
+    arch, scheme = request.param
+    root = tmp_path_factory.mktemp(f"{scheme}-{arch}")
+    src, dst = str(root / "float"), str(root / "quantized")
     tiny_model(arch).save_pretrained(src, safe_serialization=True)
-    decoded = write_quantized_folder(src, dst, f"gptq-{bits}")
+    decoded = write_quantized_folder(src, dst, scheme)
     ref = transformers.AutoModelForCausalLM.from_pretrained(reference_folder(src, str(root / "ref"), decoded),
                                                             dtype=torch.float32, attn_implementation="eager").eval()
-    return arch, bits, dst, [hf_logits(ref, p).numpy() for p in PROMPTS]
+    return arch, scheme, dst, [hf_logits(ref, p).numpy() for p in PROMPTS]
 
 
 def test_gptq_loads_as_blocks_of_the_same_numbers(gptq_folder):
-    arch, bits, path, _ = gptq_folder
+    arch, scheme, path, _ = gptq_folder
     ws = open_weights(path)
-    assert ws.info("blk.1.attn_output.weight").ggml_type.name == ("Q4_0" if bits == 4 else "Q8_0")
+    assert ws.info("blk.1.attn_output.weight").ggml_type.name == TYPE[scheme]
     tensors = load_file(os.path.join(path, "model.safetensors"))
     assert "model.layers.1.self_attn.o_proj.qweight" in tensors and tensors[
         "model.layers.1.self_attn.o_proj.qweight"].dtype == torch.int32
@@ -46,7 +49,7 @@ def test_gptq_loads_as_blocks_of_the_same_numbers(gptq_folder):
 
 def test_gptq_matches_transformers_on_decoded_weights(gptq_folder):
     """Q4_0/Q8_0's kernels round the activations to int8 per 32 values, as llama.cpp does (about 0.5 %)."""
-    arch, bits, path, refs = gptq_folder
+    arch, scheme, path, refs = gptq_folder
     model, _ = load_model(path)
     for got, ref in zip(run_batched(model, PROMPTS), refs):
         assert_quantized_close(arch, got, ref)
@@ -54,18 +57,27 @@ def test_gptq_matches_transformers_on_decoded_weights(gptq_folder):
 
 
 def test_gptq_weights_are_exact(gptq_folder):
-    """The loaded o_proj holds exactly scale * (q - zero) of the checkpoint."""
-    arch, bits, path, _ = gptq_folder
+    """The loaded o_proj holds exactly scale * (q - zero) of the checkpoint, unpacked here on its own."""
+    arch, scheme, path, _ = gptq_folder
     from cpu_kernels.quant import QuantLinear
-    from engine.model import hf_quant
-    ws = open_weights(path)
+    bits = 8 if scheme == "gptq-8" else 4
     t = load_file(os.path.join(path, "model.safetensors"))
     p = "model.layers.1.self_attn.o_proj."
-    q = hf_quant._unpack(t[p + "qweight"].numpy(), bits, 0).astype(np.float32)  # (K, N)
-    z = hf_quant._unpack(t[p + "qzeros"].numpy(), bits, 1).astype(np.float32) + 1  # (G, N)
+    words = t[p + "qweight"].numpy().view(np.uint32)
+    nib = np.stack([(words >> (bits * j)) & ((1 << bits) - 1) for j in range(32 // bits)], -1)
+    zw = t[p + "qzeros"].numpy().view(np.uint32)
+    zn = np.stack([(zw >> (bits * j)) & ((1 << bits) - 1) for j in range(32 // bits)], -1)
+    if scheme == "awq":  # (K, N / 8, slot) -> (K, N): slot i holds column 8 c + (0, 2, 4, 6, 1, 3, 5, 7)[i]
+        inv = np.argsort([0, 2, 4, 6, 1, 3, 5, 7])
+        q = nib[..., inv].reshape(words.shape[0], -1).astype(np.float32)
+        z = zn[..., inv].reshape(zw.shape[0], -1).astype(np.float32)
+    else:  # (K / per, N, slot) -> (K, N); zeros stored minus one
+        q = nib.transpose(0, 2, 1).reshape(-1, words.shape[1]).astype(np.float32)
+        z = zn.reshape(zw.shape[0], -1).astype(np.float32) + 1
     s = t[p + "scales"].numpy().astype(np.float32)
     g = np.arange(q.shape[0]) // 128
     want = ((q - z[g]) * s[g]).T
+    ws = open_weights(path)
     info = ws.info("blk.1.attn_output.weight")
     got = QuantLinear.from_raw(info.ggml_type, ws.raw("blk.1.attn_output.weight"), info.shape).dequantize()
     np.testing.assert_array_equal(got, want)
@@ -104,10 +116,11 @@ def _act_order(t):
 
 
 @pytest.mark.parametrize("config, tensors, message", [
-    (lambda qc: {**qc, "sym": False}, None, "asymmetric GPTQ .sym: false. is not supported yet"),
+    (lambda qc: {**qc, "bits": 8, "sym": False}, None, "asymmetric 8-bit GPTQ .sym: false. is not supported yet"),
     (lambda qc: {**qc, "bits": 3}, None, "gptq bits 3 are not supported"),
+    (lambda qc: {"quant_method": "awq", "bits": 4, "version": "gemv"}, None, "awq version 'gemv' is not supported"),
     (lambda qc: {**qc, "group_size": 48}, None, "gptq group_size 48 is not supported"),
-    (None, _asym, "zero points other than 8"),
+    (None, _asym, "zero points other than 8 in a symmetric checkpoint"),
     (None, _act_order, "act-order"),
     (None, lambda t: t.pop("model.layers.1.self_attn.k_proj.scales"), "missing tensor 'model.layers.1.self_attn.k_proj.scales'"),
 ])
