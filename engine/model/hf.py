@@ -270,8 +270,8 @@ class HFWeights(WeightSource):
                     if hf.startswith(old):
                         hf = new + hf[len(old):]
                 hf = self.arch.hf_rename(hf, c)
-                if isinstance(self.quant, hf_quant.GPTQScheme) and hf.endswith(".qweight"):
-                    hf = hf[:-len("qweight")] + "weight"  # a GPTQ module's weight (_gptq_entry reads the rest)
+                if isinstance(self.quant, hf_quant.GPTQScheme) and hf.endswith((".qweight", ".weight_packed")):
+                    hf = hf.rsplit(".", 1)[0] + ".weight"  # a packed module's weight (_int_entry reads the rest)
                 if hf in sources:
                     _fail(f.path, f"tensor '{name}' also appears in {sources[hf][0].path}")
                 sources[hf] = (f, name)
@@ -312,8 +312,9 @@ class HFWeights(WeightSource):
         dtype, shape, offset, nbytes = f.entries[key]
         if dtype == "F8_E4M3":
             return self._fp8_entry(src, gguf_name)
-        if dtype == "I32" and key.endswith(".qweight") and isinstance(self.quant, hf_quant.GPTQScheme):
-            return self._gptq_entry(src, gguf_name)
+        if isinstance(self.quant, hf_quant.GPTQScheme) and (
+                (dtype == "I32" and key.endswith((".qweight", ".weight_packed"))) or dtype == "I8"):
+            return self._int_entry(src, gguf_name)
         if dtype not in _ST_DTYPES:
             _fail(f.path, f"tensor '{key}' ({gguf_name}): dtype {dtype} is not supported (F32, F16, BF16)")
         if not shape or 0 in shape:
@@ -348,22 +349,40 @@ class HFWeights(WeightSource):
         return RamlmType.FP8_E4M3, shape, load
 
     def _aux_suffixes(self) -> tuple[str, ...]:
-        return hf_quant.GPTQ_SUFFIXES[1:] if isinstance(self.quant, hf_quant.GPTQScheme) else hf_quant.AUX_SUFFIXES
+        if isinstance(self.quant, hf_quant.GPTQScheme):
+            return hf_quant.CT_INT_SUFFIXES if self.quant.method.startswith("ct-") else hf_quant.GPTQ_SUFFIXES[1:]
+        return hf_quant.AUX_SUFFIXES
 
-    def _gptq_entry(self, src: tuple[_SafetensorsFile, str], gguf_name: str) -> tuple[GT, tuple, Callable]:
-        """A GPTQ / AWQ module (hf_quant.py) as the GGUF blocks holding its numbers (Q4_0, Q5_0 or Q8_0)."""
+    def _int_entry(self, src: tuple[_SafetensorsFile, str], gguf_name: str) -> tuple[GT, tuple, Callable]:
+        """A GPTQ / AWQ / compressed-tensors int module (hf_quant.py) as the GGUF blocks holding its numbers (Q4_0,
+        Q5_0 or Q8_0)."""
         f, key = src
         what = f"{f.path}: tensor '{key}' ({gguf_name})"
-        stem = key[:-len("qweight")]
-        N, K, _ = hf_quant.gptq_shapes(f.entries[key][1], self.quant, what)
-        for aux in ("qzeros", "scales"):
+        stem, kind = key.rsplit(".", 1)
+        stem += "."
+        ct = self.quant.method.startswith("ct-")
+        if ct:
+            rows, packed = f.entries[key][1]
+            N, K = (rows, packed * 32 // self.quant.bits) if kind == "weight_packed" else (rows, packed)
+            needed = ("weight_scale",) + (() if self.quant.sym else ("weight_zero_point",))
+        else:
+            N, K, _ = hf_quant.gptq_shapes(f.entries[key][1], self.quant, what)
+            needed = ("qzeros", "scales")
+        for aux in needed:
             if stem + aux not in self._file_of:
                 raise ModelLoadError(f"{what}: missing tensor '{stem}{aux}'")
 
+        def part(aux):
+            if stem + aux not in self._file_of:
+                return None
+            dtype, a = self.source_array((self._file_of[stem + aux], stem + aux))
+            return _as_f32(a, _ST_DTYPES[dtype]) if dtype in _ST_DTYPES else a
+
         def load():
-            part = lambda aux: self.source_array((self._file_of[stem + aux], stem + aux))[1]  # noqa: E731
-            g_idx = part("g_idx") if stem + "g_idx" in self._file_of else None
-            return hf_quant.gptq_rows(part("qweight"), part("qzeros"), part("scales"), g_idx, self.quant, what)
+            if ct:
+                return hf_quant.ct_rows(part(kind), part("weight_scale"), part("weight_zero_point"),
+                                        part("weight_g_idx"), self.quant, what)
+            return hf_quant.gptq_rows(part("qweight"), part("qzeros"), part("scales"), part("g_idx"), self.quant, what)
         return self.quant.ggml_type, (N, K), load
 
     def _add(self, name: str, c: ModelConfig, src: tuple[_SafetensorsFile, str]) -> None:
@@ -471,9 +490,9 @@ class HFWeights(WeightSource):
         f, key = src
         dtype, shape, offset, nbytes = f.entries[key]
         np_dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U8": np.uint8,
-                    "F8_E4M3": np.uint8, "I32": np.int32}.get(dtype)
+                    "F8_E4M3": np.uint8, "I32": np.int32, "I8": np.int8}.get(dtype)
         if np_dtype is None:
-            _fail(f.path, f"tensor '{key}': dtype {dtype} is not supported (F32, F16, BF16, U8, I32, F8_E4M3 as bytes)")
+            _fail(f.path, f"tensor '{key}': dtype {dtype} is not supported (F32, F16, BF16, U8, I8, I32, F8_E4M3 as bytes)")
         return dtype, np.frombuffer(f.mm, np_dtype, count=nbytes // _ST_ITEMSIZE[dtype], offset=offset).reshape(shape)
 
     def add_tensor(self, name: str, gtype: GT, shape: tuple[int, ...], load: Callable[[], np.ndarray]) -> None:

@@ -21,6 +21,10 @@ Both become GGUF blocks holding the same numbers, exactly, run by those formats'
 zero 8) as Q4_0 (fp16 d = the group's scale, q - 8: 4.5 bits a weight against the file's ~4.1), asymmetric 4-bit as
 Q5_0 (q - zero in -15..15 fits its 5-bit range: 5.5 bits), symmetric 8-bit as Q8_0. Groups must be whole 32-value
 blocks (32, 64, 128, ..., or -1: one group per row).
+compressed-tensors "pack-quantized" (llm-compressor's W4A16 / W8A16: `weight_packed` int32 (N, K / per) holding
+value + 2^(bits - 1) packed along the input dim, `weight_scale` (N, groups), `weight_zero_point` packed along the
+outputs when asymmetric) and "int-quantized" (W8A8: int8 `weight`, per-row `weight_scale`) go the same way (their
+dynamic per-token int8 activations are what Q8_0's kernels do per 32 values).
 Not yet: asymmetric 8-bit, act-order with a g_idx that is not k // group_size, 2/3-bit, AWQ's gemv/marlin layouts.
 """
 from __future__ import annotations
@@ -36,9 +40,10 @@ from engine.errors import ModelLoadError
 # Tensors that ride along with a quantized weight: read with it, never mapped on their own.
 SCALE_SUFFIXES = ("weight_scale_inv", "weight_scale")
 AUX_SUFFIXES = SCALE_SUFFIXES + ("input_scale",)
-SUPPORTED = ("fp8 (e4m3, block-wise or per-tensor), compressed-tensors float-quantized (FP8 W8A8/W8A16), gptq "
-             "(4-bit, 8-bit symmetric), awq (4-bit gemm)")
+SUPPORTED = ("fp8 (e4m3, block-wise or per-tensor), compressed-tensors float-quantized (FP8 W8A8/W8A16), "
+             "pack-quantized (W4A16, W8A16) and int-quantized (W8A8), gptq (4-bit, 8-bit symmetric), awq (4-bit gemm)")
 GPTQ_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
+CT_INT_SUFFIXES = ("weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx", "input_scale")
 
 
 @dataclass(frozen=True)
@@ -80,13 +85,15 @@ def _block(value, source: str, key: str) -> tuple[int, int] | None:
     return int(value[0]), int(value[1])
 
 
-def _compressed_tensors(qc: dict, source: str) -> FP8Scheme:
+def _compressed_tensors(qc: dict, source: str) -> FP8Scheme | GPTQScheme:
     fmt = qc.get("format")
     groups = qc.get("config_groups")
-    if fmt != "float-quantized":
+    if fmt not in ("float-quantized", "pack-quantized", "int-quantized"):
         _fail(source, f"compressed-tensors format {fmt!r} is not supported yet (supported: {SUPPORTED})")
     if not isinstance(groups, dict) or not groups:
         _fail(source, "compressed-tensors without config_groups")
+    if fmt != "float-quantized":
+        return _compressed_int(fmt, groups, source)
     blocks = set()
     for name, g in groups.items():
         w = g.get("weights") if isinstance(g, dict) else None
@@ -106,6 +113,30 @@ def _compressed_tensors(qc: dict, source: str) -> FP8Scheme:
     if len(blocks) != 1:
         _fail(source, f"config_groups use different weight blocks {sorted(blocks, key=str)}")
     return FP8Scheme(blocks.pop(), "compressed-tensors")
+
+
+def _compressed_int(fmt: str, groups: dict, source: str) -> GPTQScheme:
+    """pack-quantized (W4A16 / W8A16: int values packed 32 / bits to an int32 along the input dim, plus 2^(bits-1))
+    and int-quantized (W8A8: int8 weights) groups -> one GPTQScheme (all groups must agree)."""
+    schemes = set()
+    for name, g in groups.items():
+        w = g.get("weights") if isinstance(g, dict) else None
+        if not isinstance(w, dict) or w.get("type") != "int":
+            _fail(source, f"config_groups.{name}: {fmt} needs int weights")
+        bits, strategy, sym = w.get("num_bits"), w.get("strategy"), w.get("symmetric", True) is True
+        if bits not in ((4, 8) if fmt == "pack-quantized" else (8,)):
+            _fail(source, f"config_groups.{name}: {bits}-bit {fmt} weights are not supported")
+        if strategy not in ("group", "channel"):
+            _fail(source, f"config_groups.{name}: weight strategy {strategy!r} is not supported (group, channel)")
+        if bits == 8 and not sym:
+            _fail(source, f"config_groups.{name}: asymmetric 8-bit weights are not supported yet")
+        if w.get("actorder") not in (None, False, "static") and strategy == "group":
+            _fail(source, f"config_groups.{name}: actorder {w.get('actorder')!r} is not supported yet")
+        group = -1 if strategy == "channel" else _group({"group_size": w.get("group_size")}, source, fmt)
+        schemes.add(GPTQScheme(bits, group, sym, True, "ct-" + fmt.split("-")[0]))
+    if len(schemes) != 1:
+        _fail(source, f"config_groups quantize differently {sorted(schemes, key=str)}: not supported yet")
+    return schemes.pop()
 
 
 def _group(qc: dict, source: str, method: str) -> int:
@@ -254,7 +285,6 @@ def _q5_0_blocks(v: np.ndarray) -> np.ndarray:
 def gptq_rows(qweight, qzeros, scales, g_idx, scheme: GPTQScheme, what: str) -> np.ndarray:
     """A GPTQ / AWQ weight -> rows uint8 (N, row bytes) of scheme.ggml_type (Q4_0, Q5_0 or Q8_0) holding its
     numbers: d = the group's scale, q - zero."""
-    from gguf import GGMLQuantizationType as Q
     N, K, G = gptq_shapes(qweight.shape, scheme, what)
     group = K // G
     per = 32 // scheme.bits
@@ -271,15 +301,52 @@ def gptq_rows(qweight, qzeros, scales, g_idx, scheme: GPTQScheme, what: str) -> 
     q = (_unpack(qweight, scheme.bits, 1, order) if awq else _unpack(qweight, scheme.bits, 0)).T  # (N, K)
     v = (q.astype(np.int32) - np.repeat(zeros.T, group, axis=1)).reshape(N, K // 32, 32)  # q - zero
     d = np.repeat(np.asarray(scales, np.float16).T, group // 32, axis=1)  # (N, K / 32): a scale per 32-block
-    t = scheme.ggml_type
-    if t == Q.Q4_0:  # d, then (q - zero) + 8 of element j in the low nibble of byte j, element j + 16's in the high
+    return int_blocks(v, d, scheme.ggml_type, what)
+
+
+def int_blocks(v: np.ndarray, d: np.ndarray, t, what: str) -> np.ndarray:
+    """Integer values v (N, nb, 32) times fp16 scales d (N, nb) -> rows uint8 (N, nb * type size) of GGUF type t
+    (Q4_0: -8..7, Q5_0: -16..15, Q8_0: -128..127) holding exactly those numbers."""
+    from gguf import GGMLQuantizationType as Q
+    N, nb = d.shape
+    lo, hi = {Q.Q4_0: (-8, 7), Q.Q5_0: (-16, 15), Q.Q8_0: (-128, 127)}[t]
+    if v.min() < lo or v.max() > hi:
+        raise ModelLoadError(f"{what}: values outside {t.name}'s {lo}..{hi} (zero points out of range)")
+    if t == Q.Q4_0:  # d, then v + 8 of element j in the low nibble of byte j, element j + 16's in the high one
         u = (v + 8).astype(np.uint8)
         body = u[..., :16] | (u[..., 16:] << 4)
     elif t == Q.Q5_0:
-        if v.min() < -16 or v.max() > 15:
-            raise ModelLoadError(f"{what}: zero points outside 0..15")
         body = _q5_0_blocks(v)
     else:
         body = v.astype(np.int8).view(np.uint8)
-    out = np.concatenate([d.view(np.uint8).reshape(N, K // 32, 2), body], axis=-1)
+    out = np.concatenate([np.ascontiguousarray(d, np.float16).view(np.uint8).reshape(N, nb, 2), body], axis=-1)
     return out.reshape(N, -1)
+
+
+def ct_rows(weight, scale, zero_point, g_idx, scheme: GPTQScheme, what: str) -> np.ndarray:
+    """A compressed-tensors int weight (weight_packed int32 (N, K / per), or int8 (N, K) for int-quantized), its
+    weight_scale (N, groups) and weight_zero_point (packed along the outputs, (N / per, groups)) -> GGUF rows."""
+    bits = scheme.bits
+    off = 1 << (bits - 1)
+    if scheme.method == "ct-pack":
+        q = _unpack(weight, bits, 1).astype(np.int32) - off  # stored plus 2^(bits - 1)
+    else:
+        q = np.asarray(weight, np.int8).astype(np.int32)
+    N, K = q.shape
+    s = np.asarray(scale, np.float32)
+    if s.ndim != 2 or s.shape[0] != N or K % s.shape[1] or (K // s.shape[1]) % 32:
+        raise ModelLoadError(f"{what}: weight_scale {s.shape} does not fit ({N}, {K}) in 32-value blocks")
+    group = K // s.shape[1]
+    if scheme.group not in (-1, group):
+        raise ModelLoadError(f"{what}: weight_scale {s.shape} does not make groups of {scheme.group}")
+    if g_idx is not None and not np.array_equal(np.asarray(g_idx), np.arange(K) // group):
+        raise ModelLoadError(f"{what}: act-order (a weight_g_idx that is not k // group_size) is not supported yet")
+    if scheme.sym:
+        zp = np.zeros_like(s, dtype=np.int32)
+    else:
+        if zero_point is None:
+            raise ModelLoadError(f"{what}: missing weight_zero_point")
+        zp = _unpack(zero_point, bits, 0).astype(np.int32)[:N] - off
+    v = (q - np.repeat(zp, group, axis=1)).reshape(N, K // 32, 32)
+    d = np.repeat(s.astype(np.float16), group // 32, axis=1)  # bf16 / fp16 scales exactly; float32 ones to 2^-11
+    return int_blocks(v, d, scheme.ggml_type, what)

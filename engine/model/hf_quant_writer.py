@@ -7,6 +7,8 @@ tests and benchmarks make their own from float models).
   FP8_BLOCK schemes) with `weight_scale` per output row, per tensor or per 128x128 block.
 - "gptq-4" / "gptq-8" / "gptq-4-asym": GPTQ (AutoGPTQ's "gptq" checkpoint format), group 128: `qweight` int32
   packing the values along the input dim, `qzeros` (zero - 1, packed along the outputs), float16 `scales`, `g_idx`.
+- "ct-w4a16" / "ct-w4a16-asym" / "ct-w8a16" (compressed-tensors pack-quantized, group 128; W8A16 per channel) and
+  "ct-w8a8" (int-quantized, int8 weights per channel): llm-compressor's layouts, bfloat16 scales.
 - "awq": AutoAWQ's gemm layout, 4-bit with zero points, group 128: `qweight` (K, N / 8) and `qzeros` packed along the
   outputs in the order 0, 2, 4, 6, 1, 3, 5, 7, float16 `scales`.
 quantize_state_dict also returns the float values the checkpoint decodes to, for a reference model.
@@ -22,7 +24,10 @@ import numpy as np
 
 from cpu_kernels.quant.fp8_quant import E4M3_MAX, quantize_blockwise, to_e4m3
 
-SCHEMES = ("fp8-block", "ct-channel", "ct-tensor", "ct-block", "gptq-4", "gptq-8", "gptq-4-asym", "awq")
+SCHEMES = ("fp8-block", "ct-channel", "ct-tensor", "ct-block", "gptq-4", "gptq-8", "gptq-4-asym", "awq", "ct-w4a16",
+           "ct-w4a16-asym", "ct-w8a16", "ct-w8a8")
+CT_INT = {"ct-w4a16": (4, True, 128, "pack-quantized"), "ct-w4a16-asym": (4, False, 128, "pack-quantized"),
+          "ct-w8a16": (8, True, -1, "pack-quantized"), "ct-w8a8": (8, True, -1, "int-quantized")}
 GPTQ_GROUP = 128
 _LINEAR = re.compile(r"(.*\.layers\.\d+\..*_proj(?:_[a-z_]+)?)\.weight$")  # q_proj, in_proj_qkv, kv_a_proj_with_mqa, ...
 _FUSED = re.compile(r"(.*\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
@@ -57,24 +62,48 @@ def _pack(vals: np.ndarray, bits: int, axis: int, order=None) -> np.ndarray:
     return np.moveaxis(words, 0, axis).view(np.int32)
 
 
-def _int_quant(w: np.ndarray, bits: int, sym: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """w f32 (N, K) -> (q uint8 (N, K), zeros uint8 (G, N), scales f16 (G, N), decoded f32 (N, K)), GPTQ_GROUP."""
+def _int_quant(w: np.ndarray, bits: int, sym: bool, group: int = GPTQ_GROUP, bf16: bool = False):
+    """w f32 (N, K) -> (q uint8 (N, K), zeros uint8 (G, N), scales (G, N) float16 (or bfloat16 bits as a torch
+    tensor), decoded f32 (N, K)); group -1: one per row."""
+    import torch
     N, K = w.shape
+    group = K if group == -1 else group
     top = (1 << bits) - 1
-    g = w.reshape(N, K // GPTQ_GROUP, GPTQ_GROUP)
+    g = w.reshape(N, K // group, group)
     if sym:
         mid = 1 << (bits - 1)
         amax = np.abs(g).max(axis=-1)
-        scale = np.where(amax > 0, amax / (mid - 1), 1.0).astype(np.float16)
-        zero = np.full(scale.shape, mid, np.int32)
+        raw = np.where(amax > 0, amax / (mid - 1), 1.0)
     else:
         lo, hi = np.minimum(g.min(axis=-1), 0), np.maximum(g.max(axis=-1), 0)
-        scale = np.where(hi > lo, (hi - lo) / top, 1.0).astype(np.float16)
-        zero = np.clip(np.rint(-lo / scale.astype(np.float32)), 0, top).astype(np.int32)
-    s32 = scale.astype(np.float32)[..., None]
+        raw = np.where(hi > lo, (hi - lo) / top, 1.0)
+    scale = torch.from_numpy(raw.astype(np.float32)).to(torch.bfloat16) if bf16 else raw.astype(np.float16)
+    s32 = (scale.to(torch.float32).numpy() if bf16 else scale.astype(np.float32))
+    if sym:
+        zero = np.full(s32.shape, mid, np.int32)
+    else:
+        zero = np.clip(np.rint(-lo / s32), 0, top).astype(np.int32)
+    s32 = s32[..., None]
     q = np.clip(np.rint(g / s32) + zero[..., None], 0, top).astype(np.uint8)
     decoded = ((q.astype(np.float32) - zero[..., None]) * s32).reshape(N, K)
-    return q.reshape(N, K), zero.T.astype(np.uint8), scale.T.copy(), decoded
+    return q.reshape(N, K), zero.T.astype(np.uint8), (scale.T.contiguous() if bf16 else scale.T.copy()), decoded
+
+
+def _ct_int(w: np.ndarray, scheme: str) -> tuple[dict, np.ndarray]:
+    """w f32 (N, K) -> (the module's tensors by suffix, the decoded values): compressed-tensors int layouts."""
+    import torch
+    bits, sym, group, fmt = CT_INT[scheme]
+    q, zero, scale, decoded = _int_quant(w, bits, sym, group, bf16=True)
+    off = 1 << (bits - 1)
+    tensors = {"weight_scale": scale.T.contiguous()}  # (N, groups)
+    if fmt == "int-quantized":
+        tensors["weight"] = torch.from_numpy((q.astype(np.int16) - off).astype(np.int8))
+    else:  # stored value + 2^(bits - 1) = q, packed along the input dim
+        tensors["weight_packed"] = torch.from_numpy(np.ascontiguousarray(_pack(q, bits, 1)))
+        tensors["weight_shape"] = torch.tensor(w.shape)
+    if not sym:  # signed zero point + 2^(bits - 1), packed along the outputs
+        tensors["weight_zero_point"] = torch.from_numpy(np.ascontiguousarray(_pack(zero.T, bits, 0)))
+    return {k: v.contiguous() for k, v in tensors.items()}, decoded
 
 
 def _gptq(w: np.ndarray, bits: int, sym: bool = True) -> tuple[dict, np.ndarray]:
@@ -112,6 +141,10 @@ def quantize_state_dict(sd: dict, scheme: str = "fp8-block", scale_dtype=None) -
     out, decoded = {}, dict(sd)
 
     def put(stem: str, w: np.ndarray) -> np.ndarray:
+        if scheme in CT_INT:
+            tensors, dec = _ct_int(w, scheme)
+            out.update({f"{stem}.{k}": v for k, v in tensors.items()})
+            return dec
         if scheme.startswith(("gptq", "awq")):
             tensors, dec = _awq(w) if scheme == "awq" else _gptq(w, int(scheme[5]), not scheme.endswith("asym"))
             out.update({f"{stem}.{k}": v for k, v in tensors.items()})
@@ -153,6 +186,16 @@ def quantization_config(scheme: str) -> dict:
     if scheme == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": GPTQ_GROUP, "zero_point": True, "version": "gemm",
                 "modules_to_not_convert": None}
+    if scheme in CT_INT:
+        bits, sym, group, fmt = CT_INT[scheme]
+        acts = ({"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True, "symmetric": True}
+                if fmt == "int-quantized" else None)
+        return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
+                "ignore": ["lm_head"],
+                "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": acts, "weights": {
+                    "num_bits": bits, "type": "int", "symmetric": sym, "dynamic": False,
+                    "strategy": "channel" if group == -1 else "group", "group_size": None if group == -1 else group,
+                    "actorder": None}}}}
     strategy = scheme.removeprefix("ct-")
     return {
         "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",

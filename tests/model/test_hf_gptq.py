@@ -22,8 +22,10 @@ from tests.model.test_hf_fp8 import reference_folder
 from tests.model.tiny_models import hf_logits, tiny_model
 
 CASES = [("llama", "gptq-4"), ("qwen3moe", "gptq-4"), ("qwen3", "gptq-8"), ("qwen3", "gptq-4-asym"),
-         ("llama", "awq"), ("qwen3moe", "awq")]
-TYPE = {"gptq-4": "Q4_0", "gptq-8": "Q8_0", "gptq-4-asym": "Q5_0", "awq": "Q5_0"}
+         ("llama", "awq"), ("qwen3moe", "awq"), ("qwen3", "ct-w4a16"), ("qwen3moe", "ct-w4a16-asym"),
+         ("llama", "ct-w8a16"), ("qwen3", "ct-w8a8")]
+TYPE = {"gptq-4": "Q4_0", "gptq-8": "Q8_0", "gptq-4-asym": "Q5_0", "awq": "Q5_0", "ct-w4a16": "Q4_0",
+        "ct-w4a16-asym": "Q5_0", "ct-w8a16": "Q8_0", "ct-w8a8": "Q8_0"}
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
@@ -43,8 +45,10 @@ def test_gptq_loads_as_blocks_of_the_same_numbers(gptq_folder):
     ws = open_weights(path)
     assert ws.info("blk.1.attn_output.weight").ggml_type.name == TYPE[scheme]
     tensors = load_file(os.path.join(path, "model.safetensors"))
-    assert "model.layers.1.self_attn.o_proj.qweight" in tensors and tensors[
-        "model.layers.1.self_attn.o_proj.qweight"].dtype == torch.int32
+    key = {"ct-w8a8": "weight", "ct-w4a16": "weight_packed", "ct-w4a16-asym": "weight_packed",
+           "ct-w8a16": "weight_packed"}.get(scheme, "qweight")
+    dtype = torch.int8 if scheme == "ct-w8a8" else torch.int32
+    assert tensors[f"model.layers.1.self_attn.o_proj.{key}"].dtype == dtype
 
 
 def test_gptq_matches_transformers_on_decoded_weights(gptq_folder):
@@ -59,6 +63,8 @@ def test_gptq_matches_transformers_on_decoded_weights(gptq_folder):
 def test_gptq_weights_are_exact(gptq_folder):
     """The loaded o_proj holds exactly scale * (q - zero) of the checkpoint, unpacked here on its own."""
     arch, scheme, path, _ = gptq_folder
+    if scheme.startswith("ct-"):
+        return _ct_weights_are_exact(scheme, path)
     from cpu_kernels.quant import QuantLinear
     bits = 8 if scheme == "gptq-8" else 4
     t = load_file(os.path.join(path, "model.safetensors"))
@@ -77,6 +83,32 @@ def test_gptq_weights_are_exact(gptq_folder):
     s = t[p + "scales"].numpy().astype(np.float32)
     g = np.arange(q.shape[0]) // 128
     want = ((q - z[g]) * s[g]).T
+    ws = open_weights(path)
+    info = ws.info("blk.1.attn_output.weight")
+    got = QuantLinear.from_raw(info.ggml_type, ws.raw("blk.1.attn_output.weight"), info.shape).dequantize()
+    np.testing.assert_array_equal(got, want)
+
+
+def _ct_weights_are_exact(scheme, path):
+    from cpu_kernels.quant import QuantLinear
+    bits = 4 if "w4" in scheme else 8
+    t = load_file(os.path.join(path, "model.safetensors"))
+    p = "model.layers.1.self_attn.o_proj."
+    off = 1 << (bits - 1)
+    if scheme == "ct-w8a8":
+        q = t[p + "weight"].numpy().astype(np.float32)
+    else:
+        words = t[p + "weight_packed"].numpy().view(np.uint32)  # (N, K / per): value j of a word at bits j * bits
+        nib = np.stack([(words >> (bits * j)) & ((1 << bits) - 1) for j in range(32 // bits)], -1)
+        q = nib.reshape(words.shape[0], -1).astype(np.float32) - off
+    s = t[p + "weight_scale"].to(torch.float32).numpy()  # (N, groups)
+    z = np.zeros_like(s)
+    if p + "weight_zero_point" in t:  # (N / per, groups), packed along the outputs
+        zw = t[p + "weight_zero_point"].numpy().view(np.uint32)
+        zn = np.stack([(zw >> (bits * j)) & ((1 << bits) - 1) for j in range(32 // bits)], 1)
+        z = zn.reshape(-1, zw.shape[1]).astype(np.float32) - off
+    group = q.shape[1] // s.shape[1]
+    want = (q - np.repeat(z, group, 1)) * np.repeat(s, group, 1)
     ws = open_weights(path)
     info = ws.info("blk.1.attn_output.weight")
     got = QuantLinear.from_raw(info.ggml_type, ws.raw("blk.1.attn_output.weight"), info.shape).dequantize()
