@@ -23,7 +23,7 @@ from gguf import GGMLQuantizationType as GT
 
 from cpu_kernels.quant.qtypes import QUANT_SIZES, RamlmType, dequantize
 from engine.errors import ModelLoadError
-from engine.model import hf_quant
+from engine.model import hf_fp8, hf_int, hf_quant
 from engine.model.config import ModelConfig, RopeScaling
 from engine.model.gguf import TensorInfo, raw_view, tensor_nbytes
 from engine.model.registry import architecture, architecture_of_model_type, hf_model_types
@@ -252,7 +252,7 @@ class HFWeights(WeightSource):
         self.arch = architecture(config.arch)
         self.quant = hf_quant.parse(self.metadata, cfg_path)  # FP8 scheme, or None
         self._files = [_SafetensorsFile(p) for p in _safetensors_files(folder)]
-        self._file_of = {key: f for f in self._files for key in f.entries}  # scale tensors are found by key
+        self.file_of = {key: f for f in self._files for key in f.entries}  # scale tensors are found by key
         self._sources: dict[str, list[tuple[_SafetensorsFile, str]]] = {}  # GGUF name -> the HF tensors it reads
         self._tensors: dict[str, tuple[TensorInfo, Callable[[], np.ndarray]]] = {}
         self.unmapped: list[str] = []  # HF tensors with no GGUF counterpart (vision tower, inv_freq, ...)
@@ -270,7 +270,7 @@ class HFWeights(WeightSource):
                     if hf.startswith(old):
                         hf = new + hf[len(old):]
                 hf = self.arch.hf_rename(hf, c)
-                if isinstance(self.quant, hf_quant.GPTQScheme) and hf.endswith((".qweight", ".weight_packed")):
+                if isinstance(self.quant, hf_quant.IntScheme) and hf.endswith((".qweight", ".weight_packed")):
                     hf = hf.rsplit(".", 1)[0] + ".weight"  # a packed module's weight (_int_entry reads the rest)
                 if hf in sources:
                     _fail(f.path, f"tensor '{name}' also appears in {sources[hf][0].path}")
@@ -311,10 +311,10 @@ class HFWeights(WeightSource):
         f, key = src
         dtype, shape, offset, nbytes = f.entries[key]
         if dtype == "F8_E4M3":
-            return self._fp8_entry(src, gguf_name)
-        if isinstance(self.quant, hf_quant.GPTQScheme) and (
+            return hf_fp8.entry(self, src, gguf_name)
+        if isinstance(self.quant, hf_quant.IntScheme) and (
                 (dtype == "I32" and key.endswith((".qweight", ".weight_packed"))) or dtype == "I8"):
-            return self._int_entry(src, gguf_name)
+            return hf_int.entry(self, src, gguf_name)
         if dtype not in _ST_DTYPES:
             _fail(f.path, f"tensor '{key}' ({gguf_name}): dtype {dtype} is not supported (F32, F16, BF16)")
         if not shape or 0 in shape:
@@ -322,68 +322,10 @@ class HFWeights(WeightSource):
         info = TensorInfo(gguf_name, _ST_DTYPES[dtype], shape, offset, nbytes)
         return info.ggml_type, shape, lambda: raw_view(f.mm, info)
 
-    def _fp8_entry(self, src: tuple[_SafetensorsFile, str], gguf_name: str) -> tuple[RamlmType, tuple, Callable]:
-        """An FP8 weight and its scale (hf_quant.py) as RamlmType.FP8_E4M3 rows."""
-        f, key = src
-        what = f"{f.path}: tensor '{key}' ({gguf_name})"
-        if not isinstance(self.quant, hf_quant.FP8Scheme):
-            raise ModelLoadError(f"{what}: float8 weights in a folder whose config.json has no FP8 quantization_config")
-        shape = f.entries[key][1]
-        if len(shape) < 2 or 0 in shape:
-            raise ModelLoadError(f"{what}: shape {shape} is not usable")
-        stem = key.removesuffix("weight")
-        scale_key = next((stem + s for s in hf_quant.SCALE_SUFFIXES if stem + s in self._file_of), None)
-        if not key.endswith("weight") or scale_key is None:
-            raise ModelLoadError(f"{what}: missing scale tensor '{stem}{hf_quant.SCALE_SUFFIXES[0]}' "
-                                 f"(or '{stem}{hf_quant.SCALE_SUFFIXES[1]}')")
-        sf = self._file_of[scale_key]
-        hf_quant.check_scale(sf.entries[scale_key][1], shape, self.quant, f"{what}, scale '{scale_key}'")
-        if sf.entries[scale_key][0] not in _ST_DTYPES:
-            raise ModelLoadError(f"{what}: scale '{scale_key}' has dtype {sf.entries[scale_key][0]} (F32, F16, BF16)")
-
-        def load():
-            _, q = self.source_array((f, key))
-            sdtype, s = self.source_array((sf, scale_key))
-            scale = hf_quant.row_scales(_as_f32(s, _ST_DTYPES[sdtype]), shape, self.quant, what)
-            return hf_quant.fp8_weight_rows(q, scale)
-        return RamlmType.FP8_E4M3, shape, load
-
     def _aux_suffixes(self) -> tuple[str, ...]:
-        if isinstance(self.quant, hf_quant.GPTQScheme):
+        if isinstance(self.quant, hf_quant.IntScheme):
             return hf_quant.CT_INT_SUFFIXES if self.quant.method.startswith("ct-") else hf_quant.GPTQ_SUFFIXES[1:]
         return hf_quant.AUX_SUFFIXES
-
-    def _int_entry(self, src: tuple[_SafetensorsFile, str], gguf_name: str) -> tuple[GT, tuple, Callable]:
-        """A GPTQ / AWQ / compressed-tensors int module (hf_quant.py) as the GGUF blocks holding its numbers (Q4_0,
-        Q5_0 or Q8_0)."""
-        f, key = src
-        what = f"{f.path}: tensor '{key}' ({gguf_name})"
-        stem, kind = key.rsplit(".", 1)
-        stem += "."
-        ct = self.quant.method.startswith("ct-")
-        if ct:
-            rows, packed = f.entries[key][1]
-            N, K = (rows, packed * 32 // self.quant.bits) if kind == "weight_packed" else (rows, packed)
-            needed = ("weight_scale",) + (() if self.quant.sym else ("weight_zero_point",))
-        else:
-            N, K, _ = hf_quant.gptq_shapes(f.entries[key][1], self.quant, what)
-            needed = ("qzeros", "scales")
-        for aux in needed:
-            if stem + aux not in self._file_of:
-                raise ModelLoadError(f"{what}: missing tensor '{stem}{aux}'")
-
-        def part(aux):
-            if stem + aux not in self._file_of:
-                return None
-            dtype, a = self.source_array((self._file_of[stem + aux], stem + aux))
-            return _as_f32(a, _ST_DTYPES[dtype]) if dtype in _ST_DTYPES else a
-
-        def load():
-            if ct:
-                return hf_quant.ct_rows(part(kind), part("weight_scale"), part("weight_zero_point"),
-                                        part("weight_g_idx"), self.quant, what)
-            return hf_quant.gptq_rows(part("qweight"), part("qzeros"), part("scales"), part("g_idx"), self.quant, what)
-        return self.quant.ggml_type, (N, K), load
 
     def _add(self, name: str, c: ModelConfig, src: tuple[_SafetensorsFile, str]) -> None:
         gtype, shape, load = self._entry(src, name)
@@ -494,6 +436,11 @@ class HFWeights(WeightSource):
         if np_dtype is None:
             _fail(f.path, f"tensor '{key}': dtype {dtype} is not supported (F32, F16, BF16, U8, I8, I32, F8_E4M3 as bytes)")
         return dtype, np.frombuffer(f.mm, np_dtype, count=nbytes // _ST_ITEMSIZE[dtype], offset=offset).reshape(shape)
+
+    def float_array(self, src: tuple[_SafetensorsFile, str]) -> np.ndarray:
+        """source_array with F16/BF16 widened to float32 (exact); other dtypes as they are."""
+        dtype, a = self.source_array(src)
+        return _as_f32(a, _ST_DTYPES[dtype]) if dtype in _ST_DTYPES else a
 
     def add_tensor(self, name: str, gtype: GT, shape: tuple[int, ...], load: Callable[[], np.ndarray]) -> None:
         """A GGUF-named tensor computed by load() (GGUFFile.raw's form: typed for float types, uint8 (..., row

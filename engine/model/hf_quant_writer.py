@@ -118,7 +118,7 @@ def _gptq(w: np.ndarray, bits: int, sym: bool = True) -> tuple[dict, np.ndarray]
 def _awq(w: np.ndarray) -> tuple[dict, np.ndarray]:
     """w f32 (N, K) -> (the module's tensors by suffix, the decoded float32 values), AutoAWQ's gemm layout."""
     import torch
-    from engine.model.hf_quant import AWQ_ORDER
+    from engine.model.hf_int import AWQ_ORDER
     q, zero, scale, decoded = _int_quant(w, 4, sym=False)
     tensors = {"qweight": _pack(q.T, 4, 1, AWQ_ORDER), "qzeros": _pack(zero, 4, 1, AWQ_ORDER), "scales": scale}
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}, decoded
