@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 from gguf import GGMLQuantizationType as GT
 
-from cpu_kernels.quant.qtypes import QUANT_SIZES, RamlmType, dequantize
+from cpu_kernels.quant.qtypes import QUANT_SIZES, dequantize
 from engine.errors import ModelLoadError
 from engine.model import hf_fp8, hf_int, hf_quant
 from engine.model.config import ModelConfig, RopeScaling

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from engine.errors import ModelLoadError
 from engine.model.hf_quant_writer import write_quantized_folder
 from engine.model.info import model_info
 from engine.model.loader import load_model
 from engine.model.weights import open_weights
+from tests.model.quant_folders import edited_copy, reference_folder
 from tests.model.test_architectures import PROMPTS, rel_err, run_batched, run_incremental
 from tests.model.tiny_models import hf_logits, tiny_model
 
@@ -24,15 +24,6 @@ from tests.model.tiny_models import hf_logits, tiny_model
 # split across scale blocks (float32 too), q_b_proj's 64-wide rows left in float by the writer
 CASES = [("llama", "fp8-block"), ("qwen3", "fp8-block"), ("qwen3moe", "fp8-block"), ("qwen3", "ct-channel"),
          ("qwen3moe", "ct-tensor"), ("llama", "ct-block"), ("qwen35moe", "fp8-block"), ("deepseek2", "fp8-block")]
-
-
-def reference_folder(src: str, dst: str, decoded: dict) -> str:
-    """A float folder holding the decoded values: transformers loads it with its own name conversions."""
-    os.makedirs(dst)
-    shutil.copy(os.path.join(src, "config.json"), dst)
-    save_file({k: v.contiguous() for k, v in decoded.items()}, os.path.join(dst, "model.safetensors"),
-              metadata={"format": "pt"})
-    return dst
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
@@ -74,20 +65,6 @@ def test_fp8_matches_transformers_on_decoded_weights(fp8_folder):
     assert rel_err(got, refs[0]) < 2e-3, (arch, scheme, rel_err(got, refs[0]))
 
 
-def _edit(path: str, tmp_path, config=None, drop=None) -> str:
-    out = tmp_path / "edited"
-    shutil.copytree(path, out)
-    if config is not None:
-        cfg = json.loads((out / "config.json").read_text())
-        cfg["quantization_config"] = config(cfg["quantization_config"])
-        (out / "config.json").write_text(json.dumps(cfg))
-    if drop is not None:
-        t = load_file(str(out / "model.safetensors"))
-        del t[drop]
-        save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return str(out)
-
-
 @pytest.fixture(scope="module")
 def block_folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("fp8-errors")
@@ -99,7 +76,7 @@ def block_folder(tmp_path_factory):
 def test_missing_scale_is_named(block_folder, tmp_path):
     name = "model.layers.1.mlp.down_proj.weight_scale_inv"
     with pytest.raises(ModelLoadError, match="model.layers.1.mlp.down_proj.weight.*missing scale tensor"):
-        load_model(_edit(block_folder, tmp_path, drop=name))
+        load_model(edited_copy(block_folder, tmp_path, tensors=lambda t: t.pop(name)))
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -112,11 +89,11 @@ def test_missing_scale_is_named(block_folder, tmp_path):
 ])
 def test_malformed_quantization_config_is_refused(block_folder, tmp_path, edit, message):
     with pytest.raises(ModelLoadError, match=message):
-        load_model(_edit(block_folder, tmp_path, config=edit))
+        load_model(edited_copy(block_folder, tmp_path, config=edit))
 
 
 def test_float8_without_quantization_config_is_refused(block_folder, tmp_path):
-    path = _edit(block_folder, tmp_path)
+    path = edited_copy(block_folder, tmp_path)
     cfg = json.loads(open(os.path.join(path, "config.json")).read())
     del cfg["quantization_config"]
     open(os.path.join(path, "config.json"), "w").write(json.dumps(cfg))

@@ -3,22 +3,20 @@ HF checkpoints against transformers running the values the checkpoint decodes to
 the same numbers (Q4_0, Q5_0, Q8_0)."""
 from __future__ import annotations
 
-import json
 import os
-import shutil
 
 import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from engine.errors import ModelLoadError
 from engine.model.hf_quant_writer import write_quantized_folder
 from engine.model.loader import load_model
 from engine.model.weights import open_weights
-from tests.model.test_architectures import PROMPTS, assert_quantized_close, rel_err, run_batched, run_incremental
-from tests.model.test_hf_fp8 import reference_folder
+from tests.model.test_architectures import PROMPTS, assert_quantized_close, run_batched, run_incremental
+from tests.model.quant_folders import edited_copy, reference_folder
 from tests.model.tiny_models import hf_logits, tiny_model
 
 CASES = [("llama", "gptq-4"), ("qwen3moe", "gptq-4"), ("qwen3", "gptq-8"), ("qwen3", "gptq-4-asym"),
@@ -123,20 +121,6 @@ def q4_folder(tmp_path_factory):
     return str(root / "gptq")
 
 
-def _edit(path, tmp_path, config=None, tensors=None):
-    out = tmp_path / "edited"
-    shutil.copytree(path, out)
-    if config is not None:
-        cfg = json.loads((out / "config.json").read_text())
-        cfg["quantization_config"] = config(cfg["quantization_config"])
-        (out / "config.json").write_text(json.dumps(cfg))
-    if tensors is not None:
-        t = load_file(str(out / "model.safetensors"))
-        tensors(t)
-        save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return str(out)
-
-
 def _asym(t):
     key = "model.layers.0.mlp.up_proj.qzeros"
     t[key] = t[key] + 1  # zero points of 9: asymmetric
@@ -158,4 +142,4 @@ def _act_order(t):
 ])
 def test_unsupported_or_broken_gptq_is_refused(q4_folder, tmp_path, config, tensors, message):
     with pytest.raises(ModelLoadError, match=message):
-        load_model(_edit(q4_folder, tmp_path, config, tensors))
+        load_model(edited_copy(q4_folder, tmp_path, config, tensors))
