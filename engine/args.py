@@ -31,9 +31,10 @@ class EngineArgs:
     quantization: Optional[str] = field(default=None, metadata=_meta(
         "quantize float weights as they load (vLLM's quantization): fp8 (the linear layers to float8 e4m3 with a "
         "scale per 128 values of a row; an FP8 checkpoint already is), q8_0 (every weight matrix llama.cpp "
-        "quantizes, to GGUF Q8_0) or q4_k (the same to Q4_K, Q5_0 where rows are not whole 256-value blocks). "
+        "quantizes, to GGUF Q8_0), q4_k (the same to Q4_K, Q5_0 where rows are not whole 256-value blocks), int8 "
+        "or int4 (the linear layers, symmetric round-to-nearest per row / per 128 values, as Q8_0 / Q4_0 blocks). "
         "Quantized checkpoints are read as they are (their config.json says how)",
-        choices=("fp8", "q8_0", "q4_k")))
+        choices=("fp8", "q8_0", "q4_k", "int8", "int4")))
     kv_cache_dtype: str = field(default="auto", metadata=_meta(
         "KV cache element type: auto (= fp16), fp16/float16, fp32/float32", choices=tuple(KV_CACHE_DTYPES)))
     block_size: int = field(default=16, metadata=_meta("tokens per KV-cache block"))

@@ -7,6 +7,9 @@ as they load, so a bf16 checkpoint runs in about half its memory.
   GGUF Q8_0, bit for bit what llama.cpp's reference quantizer writes.
 - "q4_k": the same matrices as GGUF Q4_K (Q5_0 where rows are not whole 256-value blocks, as llama.cpp falls back),
   by ramlm's min-max Q4_K quantizer (no llama.cpp-style scale search: somewhat larger error than its Q4_K_M).
+- "int8" / "int4": the linear layers' weights, symmetric round-to-nearest as llm-compressor's W8A16 (one scale per
+  output row) and W4A16 (one per 128 input values) schemes make them, held as the Q8_0 / Q4_0 blocks of those
+  numbers (hf_int.int_blocks; fp16 scales).
 Tensors that stay float in GGUF files (norms, routers, biases, conv kernels, sinks, 1-D vectors) stay as they are,
 and so do tensors already quantized or whose rows are not whole blocks.
 """
@@ -21,7 +24,9 @@ from cpu_kernels.quant.qtypes import QUANT_SIZES, RamlmType
 from engine.model.gguf import TensorInfo, tensor_nbytes
 from engine.model.weights import WeightSource
 
-METHODS = {"fp8": RamlmType.FP8_E4M3, "q8_0": Q.Q8_0, "q4_k": Q.Q4_K}
+METHODS = {"fp8": RamlmType.FP8_E4M3, "q8_0": Q.Q8_0, "q4_k": Q.Q4_K, "int8": Q.Q8_0, "int4": Q.Q4_0}
+LINEAR_ONLY = ("fp8", "int8", "int4")  # vLLM's and llm-compressor's schemes keep embeddings and lm_head in float
+INT_GROUP = {"int8": -1, "int4": 128}  # values per scale along a row (-1: the whole row)
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 # GGUF names llama.cpp's quantizer keeps in float (its llama_tensor_get_type rules for the families ramlm runs)
 _KEEP_FLOAT = re.compile(r"norm|ffn_gate_inp|\.bias$|ssm_conv1d|attn_sinks|exp_probs_b|ssm_a$|ssm_dt|"
@@ -31,7 +36,7 @@ _KEEP_FLOAT = re.compile(r"norm|ffn_gate_inp|\.bias$|ssm_conv1d|attn_sinks|exp_p
 def quantizable(name: str, info: TensorInfo, method: str) -> bool:
     if info.ggml_type not in FLOAT_TYPES or len(info.shape) not in (2, 3) or _KEEP_FLOAT.search(name):
         return False
-    if method == "fp8" and not name.startswith("blk."):
+    if method in LINEAR_ONLY and not name.startswith("blk."):
         return False
     return target_type(method, info.shape) is not None
 
@@ -40,6 +45,8 @@ def target_type(method: str, shape: tuple[int, ...]):
     """The type `method` gives a matrix of this shape (llama.cpp's fallback where rows are not whole blocks), or
     None where no block type fits."""
     t = METHODS[method]
+    if method in INT_GROUP and INT_GROUP[method] > 0 and shape[-1] % INT_GROUP[method]:
+        return None
     if t == Q.Q4_K:
         from offload.meta import fit_rows
         t = fit_rows(t, tuple(shape))
@@ -76,7 +83,8 @@ class QuantizedWeights(WeightSource):
         from cpu_kernels.quant.quantize import quantize
         info = self._ws.info(name)
         w = (a.astype(np.uint32) << 16).view(np.float32) if info.ggml_type == Q.BF16 else a.astype(np.float32)
-        rows = quantize(target_type(self.method, info.shape), w.reshape(-1, info.shape[-1]))
+        w = w.reshape(-1, info.shape[-1])
+        rows = int_rtn(w, self.method) if self.method in INT_GROUP else quantize(target_type(self.method, info.shape), w)
         self._ws.release(name)  # the float bytes are done with
         return rows.reshape(*info.shape[:-1], rows.shape[-1])
 
@@ -100,3 +108,19 @@ def quantize_at_load(ws: WeightSource, method: str | None) -> WeightSource:
         raise ValueError(f"{ws.path} is already quantized (quant_method {have!r}); quantization={method!r} does "
                          "not apply to it")
     return QuantizedWeights(ws, method)
+
+
+def int_rtn(w: np.ndarray, method: str) -> np.ndarray:
+    """w f32 (N, K) -> the Q8_0 / Q4_0 rows of its symmetric round-to-nearest int8 (per row) or int4 (per 128)."""
+    from engine.model.hf_int import int_blocks
+    bits = 8 if method == "int8" else 4
+    top = (1 << (bits - 1)) - 1
+    N, K = w.shape
+    group = K if INT_GROUP[method] == -1 else INT_GROUP[method]
+    g = w.reshape(N, K // group, group)
+    amax = np.abs(g).max(axis=-1)
+    scale = np.where(amax > 0, amax / top, 1.0).astype(np.float16)  # stored fp16: the values use it as stored
+    s32 = scale.astype(np.float32)[..., None]
+    v = np.clip(np.rint(g / s32), -top - 1, top).astype(np.int32).reshape(N, K // 32, 32)
+    d = np.repeat(scale, group // 32, axis=1)
+    return int_blocks(v, d, METHODS[method], f"quantization={method}")

@@ -91,9 +91,9 @@ def test_llm_quantization_argument(folder):
     assert "FP8_E4M3" in types
 
 
-@pytest.mark.parametrize("method", ["awq", "gptq", "int4"])
+@pytest.mark.parametrize("method", ["awq", "gptq", "bitsandbytes"])
 def test_other_methods_are_refused(method):
-    with pytest.raises(ValueError, match="quantization must be one of fp8, q8_0, q4_k"):
+    with pytest.raises(ValueError, match="quantization must be one of fp8, q8_0, q4_k, int8, int4"):
         EngineArgs(quantization=method)
 
 
@@ -104,3 +104,35 @@ def test_a_quantized_checkpoint_keeps_its_own_scheme(folder, tmp_path):
     assert quantize_at_load(ws, "fp8") is ws
     with pytest.raises(ValueError, match="already quantized .quant_method 'fp8'.; quantization='q8_0'"):
         quantize_at_load(ws, "q8_0")
+
+
+@pytest.mark.parametrize("method, bits, group", [("int8", 8, None), ("int4", 4, 128)])
+def test_int_methods_hold_round_to_nearest_values(folder, method, bits, group):
+    """int8 / int4: the linear layers only; each weight is fp16 scale (amax / (2^(bits-1) - 1) per row or per 128
+    values) times the nearest integer, computed here on its own; the logits follow transformers on those values."""
+    path, hf = folder
+    ws = open_weights(path)
+    qw = QuantizedWeights(ws, method)
+    assert qw.info("token_embd.weight").ggml_type == Q.F32 and qw.info("output.weight").ggml_type == Q.F32
+    from cpu_kernels.quant import QuantLinear
+    name = "blk.1.ffn_down.weight"
+    w = np.asarray(ws.raw(name), np.float32)
+    g = w.reshape(w.shape[0], -1, group or w.shape[1])  # int8: one scale per row
+    top = 2 ** (bits - 1) - 1
+    s = (np.abs(g).max(-1) / top).astype(np.float16).astype(np.float32)[..., None]
+    want = (np.clip(np.rint(g / s), -top - 1, top) * s).reshape(w.shape)
+    info = qw.info(name)
+    got = QuantLinear.from_raw(info.ggml_type, qw.raw(name), info.shape).dequantize()
+    np.testing.assert_array_equal(got, want)
+    ref = copy.deepcopy(hf)
+    with torch.no_grad():
+        for pname, p in ref.named_parameters():
+            if pname.startswith("model.layers.") and pname.endswith("_proj.weight"):
+                a = p.numpy().reshape(p.shape[0], -1, group or p.shape[1])
+                sc = (np.abs(a).max(-1) / top).astype(np.float16).astype(np.float32)[..., None]
+                p.copy_(torch.from_numpy((np.clip(np.rint(a / sc), -top - 1, top) * sc).reshape(p.shape)))
+    model, _ = load_model(path, weights=qw)
+    from tests.model.test_architectures import assert_quantized_close
+    refs = [hf_logits(ref, p).numpy() for p in PROMPTS]
+    for got_l, want_l in zip(run_batched(model, PROMPTS), refs):
+        assert_quantized_close("qwen3", got_l, want_l)
