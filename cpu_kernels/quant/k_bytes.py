@@ -1,4 +1,4 @@
-"""Kernels for Q8_0 and Q5_0 with rows interleaved 8 by 8.
+"""Kernels for Q8_0, Q5_0 and Q4_0 with rows interleaved 8 by 8.
 
 Q8_0 layout (repack.q8_0): q uint8 (G, nb * 256), G = ceil(N / 8): for row group g, block b, quad j, row r, byte i,
 q[g, 256 b + 32 j + 4 r + i] = value(8 g + r, 32 b + 4 j + i) + 128; d uint16 (G, nb * 8): the fp16 scale of
@@ -10,6 +10,9 @@ Q5_0 layout (repack.q5_0), packed as in the file (decode reads 22 bytes per 32 v
 (G, nb * 128): at 128 b + 32 k + 4 r + i GGUF's qs byte 4 k + i of row r (low nibble: element 4 k + i, high:
 element 16 + 4 k + i), k = 0..3; qh uint32 (G, nb * 8): word 8 b + k has bit 4 r + i = the fifth bit of element
 4 k + i of row r (k = 0..7); d as Q8_0. Value = d * (q - 16).
+Q4_0 layout (repack.q4_0): Q5_0's qs and d without qh; value = d * (q - 8). Its passes are Q5_0's (high=False: no
+fifth bit; the block dots start at -8 times the activation sum), so GPTQ-Int4 checkpoints (hf_int.py) and Q4_0
+files run on the interleaved VNNI passes, not one row at a time.
 
 gemv(packed..., x f32 (M, K), out f32 (M, N)): out = x @ W^T with Q8 activations; a row's result is bitwise the
 same whatever M is (the integer block dots are exact, the float steps identical). deq(packed..., rows, out f32 or
@@ -180,9 +183,12 @@ def deq_q8_0(q, d, rows, out):
 
 # Q5_0 -------------------------------------------------------------------------------------------
 @njit(cache=CACHE)
-def q5_quads(qs, qh, g, nb, b, k):
-    """u8x32 of 5-bit values (8 rows x 4) of quads k and k + 4 of block b (k = 0..3)."""
+def q5_quads(qs, qh, g, nb, b, k, high):
+    """u8x32 of 5-bit values (8 rows x 4) of quads k and k + 4 of block b (k = 0..3); high False: the 4-bit values
+    alone (Q4_0, qh unused)."""
     v = load_u8x32(qs, (g * nb + b) * 128 + 32 * k)
+    if not high:
+        return vand(v, 15), vshr(v, 4)
     lo = vor(vand(v, 15), vshl(bits_to_bytes(qh[g, 8 * b + k]), 4))
     hi = vor(vshr(v, 4), vshl(bits_to_bytes(qh[g, 8 * b + k + 4]), 4))
     return lo, hi
@@ -197,7 +203,7 @@ def prefetch_q5(qs, qh, d, g, nb, b):
 
 
 @njit(cache=CACHE)
-def q5_0_pair(qs, qh, d, xq, xd, s, out, g, nb):
+def q5_0_pair(qs, qh, d, xq, xd, s, out, g, nb, high):
     """gemv_q5_0's 4-row passes over groups g and g + 1 at once (wide.py): both groups unpacked to bytes side by
     side (quads k and k + 4 of block b at 512 b + 64 k and 512 b + 256 + 64 k, group g + 1 32 bytes on)."""
     M, K = xq.shape
@@ -207,7 +213,7 @@ def q5_0_pair(qs, qh, d, xq, xd, s, out, g, nb):
         prefetch_q5(qs, qh, d, g + 1, nb, b)
         for k in range(4):
             for h in range(2):
-                lo, hi = q5_quads(qs, qh, g + h, nb, b, k)
+                lo, hi = q5_quads(qs, qh, g + h, nb, b, k, high)
                 store(w8, b * 512 + 64 * k + 32 * h, lo)
                 store(w8, b * 512 + 256 + 64 * k + 32 * h, hi)
     for m in range(0, M, 4):
@@ -234,18 +240,29 @@ def q5_0_pair(qs, qh, d, xq, xd, s, out, g, nb):
         store16x4(out, m0, 8 * g, a0, a1, a2, a3)
 
 
-@njit(parallel=True, cache=CACHE)
+@njit(cache=CACHE)
 def gemv_q5_0(qs, qh, d, x, out):
+    nibble_passes(qs, qh, d, x, out, True)
+
+
+@njit(cache=CACHE)
+def gemv_q4_0(qs, d, x, out):
+    nibble_passes(qs, np.zeros((1, 1), np.uint32), d, x, out, False)
+
+
+@njit(parallel=True, cache=CACHE)
+def nibble_passes(qs, qh, d, x, out, high):
+    """Q5_0's GEMV (high: qh holds the fifth bits) or Q4_0's (not high: qh unused)."""
     xq, xd, xn4, xs32, xs16 = quantize_act(x)
     M, K = x.shape
     G = qs.shape[0]
     nb = K // 32
-    s = block_offsets(xn4, nb, 16)
+    s = block_offsets(xn4, nb, 16 if high else 8)
     P = pair_units(M, out.shape[1])
     for u in prange(G - P):
         g = unit_group(u, P)
         if g < 2 * P:
-            q5_0_pair(qs, qh, d, xq, xd, s, out, g, nb)
+            q5_0_pair(qs, qh, d, xq, xd, s, out, g, nb, high)
             continue
         if M < 4:
             for m in range(M):
@@ -256,7 +273,7 @@ def gemv_q5_0(qs, qh, d, x, out):
                     xo = m * K + b * 32
                     a, c = zero_acc(), zero_acc()  # short accumulators: 4 dots of 5-bit weights each
                     for k in range(4):
-                        lo, hi = q5_quads(qs, qh, g, nb, b, k)
+                        lo, hi = q5_quads(qs, qh, g, nb, b, k, high)
                         a = dpbusd_acc(a, lo, load_bcast4(xq, xo + 4 * k))
                         c = dpbusd_acc(c, hi, load_bcast4(xq, xo + 16 + 4 * k))
                     iv = vadd(splat_i32(s[m, b]), vadd(acc_i32(a), acc_i32(c)))
@@ -269,7 +286,7 @@ def gemv_q5_0(qs, qh, d, x, out):
         for b in range(nb):
             prefetch_q5(qs, qh, d, g, nb, b)
             for k in range(4):
-                lo, hi = q5_quads(qs, qh, g, nb, b, k)
+                lo, hi = q5_quads(qs, qh, g, nb, b, k, high)
                 store(w8, b * 256 + 32 * k, lo)
                 store(w8, b * 256 + 32 * k + 128, hi)
         for m in range(0, M, 4):  # as gemv_q8_0
@@ -300,6 +317,18 @@ def gemv_q5_0(qs, qh, d, x, out):
                 j3 = vadd(splat_i32(s[m0 + 3, b]), vadd(acc_i32(i3), acc_i32(h3)))
                 a3 = muladd(a3, to_f32(j3), vmul(dw, xd[m0 + 3, b]))
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
+
+
+@njit(parallel=True, cache=CACHE)
+def deq_q4_0(qs, d, rows, out):
+    K = out.shape[1]
+    nb = K // 32
+    for t in prange(rows.shape[0]):
+        g, r = rows[t] >> 3, rows[t] & 7
+        for b in range(nb):
+            v = load_strided4x4(qs, (g * nb + b) * 128 + 4 * r, 32)  # GGUF's 16 qs bytes of the row
+            q = concat(vand(v, 15), vshr(v, 4))
+            store(out, t * K + b * 32, vmul(i8_to_f32(vsub(q, 8)), f16_to_f32(d[g, 8 * b + r])))
 
 
 @njit(parallel=True, cache=CACHE)

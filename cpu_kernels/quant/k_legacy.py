@@ -1,4 +1,4 @@
-"""Kernels for the 32-element block formats with nibbles: Q4_0, Q4_1, Q5_1 (Q8_0 and Q5_0: k_bytes.py).
+"""Kernels for the 32-element block formats with nibbles: Q4_1, Q5_1 (Q8_0, Q5_0 and Q4_0: k_bytes.py).
 
 gemv_*(packed..., x f32 (M, K), out f32 (M, N)): out = x @ W^T with Q8 activations. Rows of W run in
 parallel; each (m, n) is reduced in the same order whatever M is, so a row's result does not depend
@@ -13,9 +13,9 @@ from numba import njit, prange
 
 from .q8act import quantize_act
 from .dot import dpbusd
-from .simd import (CACHE, bcast, bits_to_bytes, concat, f16_to_f32, hsum, i8_to_f32, load_f16x8, load_f32x8, load_i32x8,
-                   load_u8x16, load_u8x32, muladd, store, to_f32, u8_to_f32, vadd, vand, vmul, vor, vshl, vshr, vsub,
-                   zero_f32x8, zero_i32x8)
+from .simd import (CACHE, bcast, bits_to_bytes, concat, f16_to_f32, hsum, load_f16x8, load_f32x8, load_u8x16,
+                   load_u8x32, muladd, store, to_f32, u8_to_f32, vadd, vand, vmul, vor, vshl, vshr, zero_f32x8,
+                   zero_i32x8)
 
 
 @njit(cache=CACHE)
@@ -35,13 +35,6 @@ def nibbles5(qs, o, h):
 # the 4-element dot products of unsigned weights and signed activations, and are added scaled.
 # Scales come 8 blocks at a time (fp16 widened, times the activation scales); the rest one by one.
 @njit(cache=CACHE)
-def blk_q4_0(acc, qs, qh, n, b, m, K, xq, xn4, scale):
-    init = vshl(load_i32x8(xn4, m * (K // 4) + b * 8), 3)
-    iv = dpbusd(init, nibbles(qs, n * (K // 2) + b * 16), load_u8x32(xq, m * K + b * 32))
-    return muladd(acc, to_f32(iv), scale)
-
-
-@njit(cache=CACHE)
 def blk_q4_1(acc, qs, qh, n, b, m, K, xq, xn4, scale):
     iv = dpbusd(zero_i32x8(), nibbles(qs, n * (K // 2) + b * 16), load_u8x32(xq, m * K + b * 32))
     return muladd(acc, to_f32(iv), scale)
@@ -54,24 +47,6 @@ def blk_q5_1(acc, qs, qh, n, b, m, K, xq, xn4, scale):
 
 
 # Q4_0 / Q4_1 ------------------------------------------------------------------------------------
-@njit(parallel=True, cache=CACHE)
-def gemv_q4_0(qs, d, x, out):
-    xq, xd, xn4, xs32, xs16 = quantize_act(x)
-    M, K = x.shape
-    N, nb = d.shape
-    nb8 = nb - nb % 8
-    for n in prange(N):
-        for m in range(M):
-            acc = zero_f32x8()
-            for b0 in range(0, nb8, 8):
-                sv = vmul(load_f16x8(d, n * nb + b0), load_f32x8(xd, m * nb + b0))
-                for j in range(8):
-                    acc = blk_q4_0(acc, qs, qs, n, b0 + j, m, K, xq, xn4, bcast(sv, j))
-            for b in range(nb8, nb):
-                acc = blk_q4_0(acc, qs, qs, n, b, m, K, xq, xn4, f16_to_f32(d[n, b]) * xd[m, b])
-            out[m, n] = hsum(acc)
-
-
 @njit(parallel=True, cache=CACHE)
 def gemv_q4_1(qs, d, mn, x, out):
     xq, xd, xn4, xs32, xs16 = quantize_act(x)
@@ -92,17 +67,6 @@ def gemv_q4_1(qs, d, mn, x, out):
                 acc = blk_q4_1(acc, qs, qs, n, b, m, K, xq, xn4, f16_to_f32(d[n, b]) * xd[m, b])
                 msum += f16_to_f32(mn[n, b]) * xs32[m, b]
             out[m, n] = hsum(acc) + msum
-
-
-@njit(parallel=True, cache=CACHE)
-def deq_q4_0(qs, d, rows, out):
-    N, nb = d.shape
-    K = nb * 32
-    for t in prange(rows.shape[0]):
-        n = rows[t]
-        for b in range(nb):
-            q = i8_to_f32(vsub(nibbles(qs, n * (K // 2) + b * 16), 8))
-            store(out, t * K + b * 32, vmul(q, f16_to_f32(d[n, b])))
 
 
 @njit(parallel=True, cache=CACHE)

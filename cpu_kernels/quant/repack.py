@@ -63,11 +63,26 @@ def interleave8(vals: np.ndarray, d: np.ndarray):
     return np.ascontiguousarray(q).reshape(G, nb * 256), np.ascontiguousarray(dd).reshape(G, nb * 8)
 
 
-def q4_0(raw):
-    """-> qs uint8 (N, K/2): per block 16 bytes, low nibbles = elements 0..15, high = 16..31;
-    d fp16 bits uint16 (N, K/32). Value = d * (q - 8)."""
+def _as_q5_0(raw):
+    """Q4_0 rows as Q5_0 rows with every fifth bit clear (the same nibbles and d)."""
     b = _blocks(raw, 18)
-    return _bytes(b[..., 2:]), _f16_bits(b[..., 0:2])
+    out = np.zeros(b.shape[:2] + (22,), np.uint8)
+    out[..., :2], out[..., 6:] = b[..., :2], b[..., 2:]
+    return out.reshape(b.shape[0], -1)
+
+
+def q4_0(raw):
+    """-> qs uint8 (G, K * 4), d fp16 bits uint16 (G, K / 4): Q5_0's layout without qh (k_bytes.py). Value =
+    d * (q - 8)."""
+    from . import repack_fast
+    qs, _, d = repack_fast.q5_0(_as_q5_0(raw))
+    return qs, d
+
+
+def q4_0_numpy(raw):
+    """q4_0 in numpy (the reference repack_fast is tested against)."""
+    qs, _, d = q5_0_numpy(_as_q5_0(raw))
+    return qs, d
 
 
 def q4_1(raw):

@@ -148,11 +148,11 @@ def test_auto_long_matmul_is_bf16_where_native_else_the_int8_gemv(case):
 
 
 def test_gemv_prefill_min_k_follows_the_host():
-    """With two-group passes and no AMX (WIDE_PREFILL) the GEMV takes long chunks of Q4_K, Q5_0 and Q8_0 at every
+    """With two-group passes and no AMX (WIDE_PREFILL) the GEMV takes long chunks of Q4_K, Q5_0, Q4_0 and Q8_0 at every
     K and Q6_K from the 8B shapes on; with AMX the bf16 GEMM takes them all; elsewhere the GEMV takes Q4_K from
     K = 4096."""
     from cpu_kernels.quant.registry import AMX, WIDE_PREFILL
-    want = ({Q.Q4_K: 256, Q.Q5_0: 32, Q.Q8_0: 32, Q.Q6_K: 4096, Q.MXFP4: 32} if WIDE_PREFILL else {} if AMX
+    want = ({Q.Q4_K: 256, Q.Q5_0: 32, Q.Q4_0: 32, Q.Q8_0: 32, Q.Q6_K: 4096, Q.MXFP4: 32} if WIDE_PREFILL else {} if AMX
             else {Q.Q4_K: 4096})
     got = {t: f.gemv_prefill_min_k for t, f in FORMATS.items() if f.gemv_prefill_min_k}
     assert got == want
@@ -218,7 +218,8 @@ def test_stack_and_rows(case):
             QuantLinear.stack(parts[::-1])
 
 
-@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K, Q.MXFP4, RamlmType.FP8_E4M3], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0, Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.MXFP4, RamlmType.FP8_E4M3],
+                         ids=lambda t: t.name)
 def test_numba_repack_equals_numpy(t):
     """The load-time Numba repackers against their numpy twins, on writable and read-only (memmap-like) rows."""
     from cpu_kernels.quant import repack
