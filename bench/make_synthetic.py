@@ -101,7 +101,8 @@ SHAPES = {
 
 # Byte offsets of the fp16 scale fields inside one block of each format (the rest may be random).
 F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,),
-              Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+              Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,),
+              Q.IQ4_XS: (0,)}
 
 
 def quant_plan(preset: str):
@@ -120,11 +121,13 @@ def quant_plan(preset: str):
             return Q.F16
         if preset == "q4_0":
             return Q.Q4_0
+        if preset == "iq4_xs":  # llama.cpp's MOSTLY_IQ4_XS: IQ4_XS, the output matrix in Q6_K
+            return Q.Q6_K if name.startswith("output.") else Q.IQ4_XS
         if preset == "q4_k_m":
             if name.startswith("output.") or any(k in name for k in (".attn_v.", "ffn_down")):
                 return Q.Q6_K
             return Q.Q4_K
-        raise ValueError(f"unknown quant preset {preset!r}; known: q4_k_m, q8_0, q4_0, f16, mxfp4")
+        raise ValueError(f"unknown quant preset {preset!r}; known: q4_k_m, q8_0, q4_0, iq4_xs, f16, mxfp4")
     return pick
 
 
@@ -143,7 +146,8 @@ def random_tensor(rng: np.random.Generator, qtype: Q, shape: tuple, std: float =
     if qtype == Q.MXFP4:  # the E8M0 byte: 2^(120 - 128) times codes of mean magnitude ~5: std ~0.02
         raw[:, 0] = 120
         return raw.reshape(*shape[:-1], nblocks * size)
-    scale = np.float16(std / (8 if block == 256 else 64))
+    # IQ4_XS: levels of mean magnitude ~60 times sub-scales ls - 32 of mean magnitude ~16
+    scale = np.float16(std / (1024 if qtype == Q.IQ4_XS else 8 if block == 256 else 64))
     for off in F16_FIELDS[qtype]:
         raw[:, off:off + 2] = np.frombuffer(scale.tobytes(), dtype=np.uint8)
     return raw.reshape(*shape[:-1], nblocks * size)
@@ -182,7 +186,7 @@ def write_synthetic(path: str, shape: str, quant: str, seed: int = 0, layers: in
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
-    w.add_file_type({"q4_k_m": 15, "q8_0": 7, "q4_0": 2, "f16": 1, "mxfp4": 38}[quant])
+    w.add_file_type({"q4_k_m": 15, "q8_0": 7, "q4_0": 2, "iq4_xs": 30, "f16": 1, "mxfp4": 38}[quant])
     shapes = tensor_shapes(cfg)
     # Tensor infos first (sizes only), then data streamed one tensor at a time to bound memory.
     for name, shp in shapes.items():

@@ -147,6 +147,27 @@ def mxfp4(b):
     return d * table[_nibbles(b[:, 1:], 1, 16).to(torch.int64)]
 
 
+IQ4_KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _iq4_levels(codes: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(IQ4_KVALUES, dtype=torch.float32, device=codes.device)[codes.to(torch.int64)]
+
+
+def iq4_nl(b):
+    return _f16(b[:, :2]) * _iq4_levels(_nibbles(b[:, 2:], 1, 16))
+
+
+def iq4_xs(b):
+    # gguf's IQ4_XS: per 32 values d * (ls - 32), ls = 4 bits of scales_l | 2 bits of scales_h << 4.
+    n, dev = b.shape[0], b.device
+    lo = _nibbles(b[:, 4:8], 4, 1)
+    hi = (b[:, 2:4].contiguous().view(torch.int16).to(torch.int32) >> torch.arange(0, 16, 2, device=dev)) & 3
+    ls = (lo.to(torch.int32) | (hi << 4)) - 32
+    dl = (_f16(b[:, :2]) * ls.to(torch.float32)).reshape(n, 8, 1)
+    return (dl * _iq4_levels(_nibbles(b[:, 8:], 8, 16)).reshape(n, 8, 32)).reshape(n, QK_K)
+
+
 def fp8_e4m3(b: torch.Tensor) -> torch.Tensor:
     """RamlmType.FP8_E4M3 blocks: float32 scale, 128 e4m3fn bytes (value = e4m3 * scale, rounded once)."""
     d = b[:, :4].contiguous().view(torch.float32)
@@ -154,8 +175,8 @@ def fp8_e4m3(b: torch.Tensor) -> torch.Tensor:
 
 
 DEQUANT = {Q.Q4_0: q4_0, Q.Q4_1: q4_1, Q.Q5_0: q5_0, Q.Q5_1: q5_1, Q.Q8_0: q8_0, Q.Q2_K: q2_k,
-           Q.Q3_K: q3_k, Q.Q4_K: q4_k, Q.Q5_K: q5_k, Q.Q6_K: q6_k, Q.MXFP4: mxfp4,
-           RamlmType.FP8_E4M3: fp8_e4m3}
+           Q.Q3_K: q3_k, Q.Q4_K: q4_k, Q.Q5_K: q5_k, Q.Q6_K: q6_k, Q.MXFP4: mxfp4, Q.IQ4_NL: iq4_nl,
+           Q.IQ4_XS: iq4_xs, RamlmType.FP8_E4M3: fp8_e4m3}
 FLOAT_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 
 

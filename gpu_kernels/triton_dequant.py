@@ -15,7 +15,7 @@ import triton.language as tl
 Q = gguf.GGMLQuantizationType
 # The gguf type ids the kernels are specialized on (a constexpr per launch).
 FORMAT_IDS = {q: int(q) for q in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
-                                  Q.MXFP4)}
+                                  Q.MXFP4, Q.IQ4_NL, Q.IQ4_XS)}
 
 
 @triton.jit
@@ -161,6 +161,30 @@ def _mxfp4(blk, e, mask):
 
 
 @triton.jit
+def _iq4_level(code):
+    # ggml's kvalues_iq4nl[code], as a select tree (Triton has no constant tables).
+    lo = tl.where(code < 4, tl.where(code < 2, tl.where(code == 0, -127, -104), tl.where(code == 2, -83, -65)),
+                  tl.where(code < 6, tl.where(code == 4, -49, -35), tl.where(code == 6, -22, -10)))
+    hi = tl.where(code < 12, tl.where(code < 10, tl.where(code == 8, 1, 13), tl.where(code == 10, 25, 38)),
+                  tl.where(code < 14, tl.where(code == 12, 53, 69), tl.where(code == 14, 89, 113)))
+    return tl.where(code < 8, lo, hi).to(tl.float32)
+
+
+@triton.jit
+def _iq4_nl(blk, e, mask):
+    return _f16(blk, mask) * _iq4_level(_nibble32(blk + 2, e, mask))
+
+
+@triton.jit
+def _iq4_xs(blk, e, mask):
+    ib = e // 32
+    sh = _u8(blk + 2, mask) | (_u8(blk + 3, mask) << 8)
+    ls = ((_u8(blk + 4 + ib // 2, mask) >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
+    dl = _f16(blk, mask) * (ls - 32).to(tl.float32)
+    return dl * _iq4_level(_nibble32(blk + 8 + 16 * ib, e % 32, mask))
+
+
+@triton.jit
 def dequant(FMT: tl.constexpr, blk, e, mask):
     """Values of the elements at (blk, e) for gguf type id FMT (a key of FORMAT_IDS), float32."""
     if FMT == 2:
@@ -183,6 +207,10 @@ def dequant(FMT: tl.constexpr, blk, e, mask):
         w = _q5_k(blk, e, mask)
     elif FMT == 39:
         w = _mxfp4(blk, e, mask)
+    elif FMT == 20:
+        w = _iq4_nl(blk, e, mask)
+    elif FMT == 23:
+        w = _iq4_xs(blk, e, mask)
     else:
         tl.static_assert(FMT == 14, "dequant: no Triton dequantizer for this gguf type")
         w = _q6_k(blk, e, mask)

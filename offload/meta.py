@@ -214,7 +214,8 @@ def shape_config(s: dict):
 
 
 # llama.cpp's quantize: a k-quant whose rows do not fill its 256-value blocks takes this type instead
-FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.Q2_K: Q.IQ4_NL, Q.Q3_K: Q.IQ4_NL}
+FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0, Q.Q2_K: Q.IQ4_NL, Q.Q3_K: Q.IQ4_NL,
+            Q.IQ4_XS: Q.IQ4_NL}
 
 
 def fit_rows(t: Q, shape: tuple[int, ...]) -> Q:

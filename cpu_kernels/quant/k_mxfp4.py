@@ -36,22 +36,28 @@ _LUT = [v + OFFSET for v in KVALUES]
 _V32 = ir.VectorType(ir.IntType(8), 32)
 
 
-@intrinsic
-def code_bytes(typingctx, v):
-    """u8x32 of 4-bit codes (0..15) -> u8x32 of KVALUES[code] + 12."""
-    if v != u8x32:
-        return None
+def code_table(lut):
+    """An intrinsic mapping u8x32 of 4-bit codes (0..15) to u8x32 of lut[code] (16 byte values): vpshufb with the
+    table in both 128-bit halves on x86 hosts with AVX2, selects in generic IR elsewhere (the same bytes)."""
+    @intrinsic
+    def lookup(typingctx, v):
+        if v != u8x32:
+            return None
 
-    def codegen(context, builder, sig, args):
-        idx = args[0]
-        if HAS_VNNI or HAS_AVX2:  # vpshufb: the table in both 128-bit halves
-            return _x86(builder, "llvm.x86.avx2.pshuf.b", _V32, [ir.Constant(_V32, _LUT * 2), idx])
-        out = ir.Constant(_V32, [0] * 32)
-        for code, val in enumerate(_LUT):
-            hit = builder.icmp_unsigned("==", idx, ir.Constant(_V32, [code] * 32))
-            out = builder.select(hit, ir.Constant(_V32, [val] * 32), out)
-        return out
-    return u8x32(v), codegen
+        def codegen(context, builder, sig, args):
+            idx = args[0]
+            if HAS_VNNI or HAS_AVX2:
+                return _x86(builder, "llvm.x86.avx2.pshuf.b", _V32, [ir.Constant(_V32, list(lut) * 2), idx])
+            out = ir.Constant(_V32, [0] * 32)
+            for code, val in enumerate(lut):
+                hit = builder.icmp_unsigned("==", idx, ir.Constant(_V32, [code] * 32))
+                out = builder.select(hit, ir.Constant(_V32, [val] * 32), out)
+            return out
+        return u8x32(v), codegen
+    return lookup
+
+
+code_bytes = code_table(_LUT)  # u8x32 of codes -> KVALUES[code] + 12
 
 
 def _e8m0_bits(builder, e, n):

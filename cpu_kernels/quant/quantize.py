@@ -1,9 +1,9 @@
 """quantize(ggml_type, w f32 (N, K)) -> raw uint8 (N, bytes_per_row), as a GGUF file stores it.
 
 The legacy formats, MXFP4 and BF16 use gguf's own quantizers (bit-exact with llama.cpp's reference); the
-K-quants, which gguf cannot quantize, get simple min-max / absmax quantizers per sub-block (no
-llama.cpp-style search, so somewhat larger errors): good enough for tests and synthetic models. FP8_E4M3 scales
-each 128 values of a row to e4m3's range; it and Q8_0 run quantize_fast.py's parallel twins.
+K-quants and the IQ4 formats, which gguf cannot quantize, get simple min-max / absmax quantizers per sub-block
+(no llama.cpp-style search, so somewhat larger errors): good enough for tests and synthetic models. FP8_E4M3 scales
+each 128 values of a row to e4m3's range; it, Q8_0 and Q4_K run quantize_fast.py's parallel twins.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import gguf
 from gguf import GGMLQuantizationType as Q
 
 from .qtypes import QUANT_SIZES, RamlmType, qtype
-from .quantize_fast import fp8_rows, q8_0_rows
+from .quantize_fast import fp8_rows, q4_k_rows, q8_0_rows
 
 QKK = 256
 
@@ -120,7 +120,50 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([ql, qh, sc.astype(np.int8).view(np.uint8), _f16_bytes(d)], axis=-1)
 
 
-_K_QUANTIZERS = {Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k}
+IQ4_LEVELS = np.array((-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113), np.float32)
+
+
+def _iq4_codes(xs: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The nearest level's code of every value of xs (..., 32) at the block scales (...,)."""
+    mids = (IQ4_LEVELS[1:] + IQ4_LEVELS[:-1]) / 2
+    return np.searchsorted(mids, _safe_div(xs, scale[..., None])).astype(np.uint8)
+
+
+def _iq4_block_scales(xs: np.ndarray) -> np.ndarray:
+    """Per 32 values (..., 32): the largest-magnitude value mapped onto level -127 (llama.cpp's starting scale),
+    then refit by least squares to the codes it gives."""
+    big = np.take_along_axis(xs, np.abs(xs).argmax(-1)[..., None], -1)[..., 0]
+    scale = big / -127
+    lv = IQ4_LEVELS[_iq4_codes(xs, scale)]
+    return np.where(scale != 0, _safe_div((xs * lv).sum(-1), (lv * lv).sum(-1)), 0).astype(np.float32)
+
+
+def _iq4_pack(codes: np.ndarray) -> np.ndarray:
+    """codes (..., 32) -> (..., 16): element j in the low nibble of byte j, element j + 16 in the high nibble."""
+    return codes[..., :16] | (codes[..., 16:] << 4)
+
+
+def _iq4_nl(x: np.ndarray) -> np.ndarray:
+    xs = x.reshape(-1, 32)
+    d = _f16_round(_iq4_block_scales(xs))
+    return np.concatenate([_f16_bytes(d), _iq4_pack(_iq4_codes(xs, d))], axis=-1)
+
+
+def _iq4_xs(x: np.ndarray) -> np.ndarray:
+    xs = x.reshape(-1, 8, 32)
+    scale = _iq4_block_scales(xs)
+    big = np.take_along_axis(scale, np.abs(scale).argmax(-1)[:, None], -1)[:, 0]
+    d = _f16_round(big / -32)  # the largest sub-scale at ls - 32 = -32, as llama.cpp starts
+    ls = np.clip(np.rint(_safe_div(scale, d[:, None])), -32, 31).astype(np.int32) + 32
+    codes = _iq4_codes(xs, d[:, None] * (ls - 32).astype(np.float32))
+    lsu = ls.astype(np.uint8)
+    scales_l = (lsu[:, 0::2] & 15) | ((lsu[:, 1::2] & 15) << 4)
+    scales_h = ((lsu.astype(np.uint16) >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(-1, dtype=np.uint16)
+    return np.concatenate([_f16_bytes(d), scales_h[:, None].view(np.uint8), scales_l,
+                           _iq4_pack(codes).reshape(-1, 128)], axis=-1)
+
+
+_K_QUANTIZERS = {Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k, Q.IQ4_XS: _iq4_xs}
 _GGUF_QUANTIZERS = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.BF16, Q.MXFP4)
 
 
@@ -140,10 +183,14 @@ def quantize(ggml_type, w: np.ndarray) -> np.ndarray:
         return fp8_rows(w)
     if t == Q.Q8_0:  # gguf's quantizer, bit for bit, in parallel
         return q8_0_rows(w)
+    if t == Q.Q4_K:  # _q4_k, bit for bit, in parallel
+        return q4_k_rows(w)
     if t == Q.F16:
         return w.astype(np.float16).view(np.uint8).reshape(N, 2 * K)
     if t in _GGUF_QUANTIZERS:
         return np.ascontiguousarray(gguf.quants.quantize(w, t)).view(np.uint8).reshape(N, -1)
+    if t == Q.IQ4_NL:
+        return _iq4_nl(w).reshape(N, -1)
     if t in _K_QUANTIZERS:
         out = _K_QUANTIZERS[t](w.reshape(-1, QKK))
         assert out.shape[-1] == type_size

@@ -1,7 +1,8 @@
 """Parallel quantizers for loading float weights into a quantized type (vLLM's `quantization` argument): bit-equal
 to gguf's numpy Q8_0 quantizer (llama.cpp's reference) and to torch's float8 cast, at ~GB/s instead of ~100 MB/s.
 
-q8_0_rows(w f32 (N, K)) -> GGUF Q8_0 rows; fp8_rows(w f32 (N, K)) -> RamlmType.FP8_E4M3 rows (a scale per 128
+q8_0_rows(w f32 (N, K)) -> GGUF Q8_0 rows; q4_k_rows(w) -> GGUF Q4_K rows, quantize._q4_k's min-max quantizer bit for
+bit; fp8_rows(w f32 (N, K)) -> RamlmType.FP8_E4M3 rows (a scale per 128
 values of a row: amax / 448, values rounded to nearest even, as fp8_quant.quantize_rows).
 """
 from __future__ import annotations
@@ -91,3 +92,67 @@ def fp8_rows(w: np.ndarray) -> np.ndarray:
     scale = np.empty((N, K // 128), np.float32)
     _fp8(w, q, scale)
     return rows(q, scale)
+
+
+@njit(parallel=True, cache=CACHE)
+def _k4_ranges(w, scale, mn):
+    """Per 32 values: the min-max quantizer's step (max + mn) / 15 and offset mn = max(0, -min), float32 (as
+    quantize._q45_k)."""
+    N, K = w.shape
+    for n in prange(N):
+        for b in range(K // 32):
+            lo = w[n, 32 * b]
+            hi = lo
+            for j in range(32 * b + 1, 32 * b + 32):
+                lo = min(lo, w[n, j])
+                hi = max(hi, w[n, j])
+            m = max(np.float32(0.0), -lo)
+            mn[n, b] = m
+            scale[n, b] = (hi + m) / np.float32(15.0)
+
+
+@njit(cache=CACHE, inline="always")
+def _step(a, b, top):
+    """clip(rint(a / b), 0, top) with a / 0 taken as 0 (quantize._safe_div)."""
+    v = np.rint(a / b) if b != 0 else np.float32(0.0)
+    return np.uint8(min(max(v, 0.0), top))
+
+
+@njit(parallel=True, cache=CACHE)
+def _q4_k(w, scale, mn, d, dmin, out):
+    N, K = w.shape
+    for n in prange(N):
+        for s in range(K // 256):
+            o = 144 * s
+            for j in range(8):
+                sc = _step(scale[n, 8 * s + j], d[n, s], 63)
+                m = _step(mn[n, 8 * s + j], dmin[n, s], 63)
+                if j < 4:  # ggml's get_scale_min_k4 packing of the 6-bit scales and mins
+                    out[n, o + 4 + j] = sc
+                    out[n, o + 8 + j] = m
+                else:
+                    out[n, o + j] |= (sc >> 4) << 6
+                    out[n, o + 4 + j] |= (m >> 4) << 6
+                    out[n, o + 8 + j] = (sc & 15) | ((m & 15) << 4)
+                dl, ml = d[n, s] * np.float32(sc), dmin[n, s] * np.float32(m)
+                for i in range(32):  # sub-block j: byte 32 (j // 2) + i, low nibble for even j, high for odd
+                    q = _step(w[n, 256 * s + 32 * j + i] + ml, dl, 15)
+                    at = o + 16 + 32 * (j >> 1) + i
+                    out[n, at] = q if j % 2 == 0 else out[n, at] | (q << 4)
+
+
+def q4_k_rows(w: np.ndarray) -> np.ndarray:
+    """w f32 (N, K), K % 256 == 0 -> Q4_K rows uint8 (N, K / 256 * 144), what quantize._q4_k gives (its min-max
+    quantizer, bit for bit)."""
+    w = np.ascontiguousarray(w, np.float32)
+    N, K = w.shape
+    scale, mn = np.empty((N, K // 32), np.float32), np.empty((N, K // 32), np.float32)
+    _k4_ranges(w, scale, mn)
+    d = (scale.reshape(N, -1, 8).max(-1) / np.float32(63)).astype(np.float16)
+    dmin = (mn.reshape(N, -1, 8).max(-1) / np.float32(63)).astype(np.float16)
+    out = np.empty((N, K // 256 * 144), np.uint8)
+    _q4_k(w, scale, mn, d.astype(np.float32), dmin.astype(np.float32), out)
+    head = out.reshape(N, -1, 144)
+    head[..., 0:2] = d.view(np.uint8).reshape(N, -1, 2)
+    head[..., 2:4] = dmin.view(np.uint8).reshape(N, -1, 2)
+    return out

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from . import k_bytes, k_float, k_fp8, k_kquants, k_kquants_x8, k_legacy, k_lowbit, k_mxfp4, repack
+from . import k_bytes, k_float, k_fp8, k_iq4, k_kquants, k_kquants_x8, k_legacy, k_lowbit, k_mxfp4, repack
 from .qtypes import QUANT_SIZES, RamlmType, qtype
 from .simd import AMX
 from .wide import PAIR
@@ -100,6 +100,11 @@ FORMATS: dict[Q, QuantFormat] = {
         # gpt-oss's experts: Q5_0's kernel shape over fewer bytes (17 per 32 values against 22), so Q5_0's routing
         # of long chunks (not measured on MXFP4 itself).
         _quant(Q.MXFP4, ("qs", "e"), repack.mxfp4, k_mxfp4.gemv_mxfp4, k_mxfp4.deq_mxfp4, row_block=8,
+               gemv_prefill=True, gemv_prefill_min_k=32 if WIDE_PREFILL else 0),
+        # llama.cpp's non-linear 4-bit formats: level bytes through Q8_0's dots, Q8_0's routing of long chunks.
+        _quant(Q.IQ4_NL, ("qs", "d"), repack.iq4_nl, k_iq4.gemv_iq4_nl, k_iq4.deq_iq4_nl, row_block=8,
+               gemv_prefill=True, gemv_prefill_min_k=32 if WIDE_PREFILL else 0),
+        _quant(Q.IQ4_XS, ("qs", "sc", "d"), repack.iq4_xs, k_iq4.gemv_iq4_xs, k_iq4.deq_iq4_xs, row_block=8,
                gemv_prefill=True, gemv_prefill_min_k=32 if WIDE_PREFILL else 0),
         # HF FP8 checkpoints: float activations, so long prompts take the dense path (bf16 tiles where native).
         _quant(RamlmType.FP8_E4M3, ("q", "d"), repack.fp8_e4m3, k_fp8.gemv_fp8, k_fp8.deq_fp8, row_block=8,

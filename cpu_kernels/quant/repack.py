@@ -129,6 +129,37 @@ def mxfp4_numpy(raw):
     return tuple(np.ascontiguousarray(a).reshape(G, -1) for a in (qs, e))
 
 
+def iq4_nl(raw):
+    """IQ4_NL's block is Q4_0's (fp16 d, 16 bytes of nibbles): q4_0's layout, the nibbles being level codes
+    (k_iq4.py)."""
+    return q4_0(raw)
+
+
+def iq4_nl_numpy(raw):
+    return q4_0_numpy(raw)
+
+
+def iq4_xs(raw):
+    """-> qs uint8 (G, K * 4) as Q5_0's qs, sc uint8 (G, K / 4) the 6-bit sub-scale of (8 g + r, 32-block b) at
+    8 b + r, d fp16 bits uint16 (G, K / 32) per 256 values at 8 s + r: k_iq4.py's IQ4_XS layout."""
+    from . import repack_fast
+    return repack_fast.iq4_xs(_byte_rows(raw))
+
+
+def iq4_xs_numpy(raw):
+    """iq4_xs in numpy (the reference repack_fast is tested against)."""
+    b = _blocks(raw, 136)
+    N, ns = b.shape[:2]
+    G = -(-N // 8)
+    lo = (b[..., 4:8, None] >> np.array([0, 4], np.uint8)) & 15  # (N, ns, 4, 2): sub-block 2 i + j
+    hi = (b[..., 2:4].copy().view("<u2")[..., 0, None] >> (2 * np.arange(8, dtype=np.uint16))) & 3
+    ls = (lo.reshape(N, ns, 8) | (hi.astype(np.uint8) << 4)).reshape(N, ns * 8)
+    qs = _pad8(b[..., 8:].reshape(N, ns * 8, 16)).reshape(G, 8, ns * 8, 4, 4).transpose(0, 2, 3, 1, 4)
+    sc = np.moveaxis(_pad8(ls).reshape(G, 8, ns * 8), 1, -1)
+    d = np.moveaxis(_pad8(_f16_bits(b[..., 0:2])).reshape(G, 8, ns), 1, -1)
+    return tuple(np.ascontiguousarray(a).reshape(G, -1) for a in (qs, sc, d))
+
+
 def fp8_e4m3(raw):
     """FP8_E4M3 rows -> k_fp8.py's layout: q uint8 (G, K * 8) the e4m3 bytes of 8-row groups, per 128-block row by
     row; d float32 (G, K / 16) the scales times 256, per block row by row."""

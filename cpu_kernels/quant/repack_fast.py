@@ -49,6 +49,15 @@ def mxfp4(raw):
     return out
 
 
+def iq4_xs(raw):
+    """raw uint8 (N, ns * 136) -> qs uint8 (G, ns * 1024), sc uint8 (G, ns * 64), d uint16 (G, ns * 8): k_iq4's
+    IQ4_XS layout."""
+    ns = raw.shape[1] // 136
+    out = _arrays(raw.shape[0], (ns * 1024, np.uint8, 0), (ns * 64, np.uint8, 0), (ns * 8, np.uint16, 0))
+    _iq4_xs(raw, *out)
+    return out
+
+
 def fp8_e4m3(raw):
     """raw FP8_E4M3 rows uint8 (N, nb * 132) -> q uint8 (G, nb * 1024), d float32 (G, nb * 8): k_fp8's layout."""
     N, nb = raw.shape[0], raw.shape[1] // 132
@@ -130,6 +139,23 @@ def _mxfp4(raw, qs, e):
                 e[g, 8 * b + r] = raw[n, o]
                 for j in range(16):
                     qs[g, 128 * b + 32 * (j >> 2) + 4 * r + (j & 3)] = raw[n, o + 1 + j]
+
+
+@njit(parallel=True, cache=CACHE)
+def _iq4_xs(raw, qs, sc, d):
+    N, ns, G = raw.shape[0], raw.shape[1] // 136, qs.shape[0]
+    for g in prange(G):
+        for r in range(min(8, N - 8 * g)):
+            n = 8 * g + r
+            for s in range(ns):
+                o = s * 136
+                d[g, 8 * s + r] = _u16(raw, n, o)
+                h = _u16(raw, n, o + 2)
+                for j in range(8):  # ggml's ls: 4 low bits from scales_l, 2 high from scales_h
+                    lo = (raw[n, o + 4 + (j >> 1)] >> np.uint8(4 * (j & 1))) & np.uint8(15)
+                    sc[g, 64 * s + 8 * j + r] = lo | np.uint8(((h >> np.uint16(2 * j)) & np.uint16(3)) << np.uint16(4))
+                    for e in range(16):
+                        qs[g, 128 * (8 * s + j) + 32 * (e >> 2) + 4 * r + (e & 3)] = raw[n, o + 8 + 16 * j + e]
 
 
 @njit(parallel=True, cache=CACHE)

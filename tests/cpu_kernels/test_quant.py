@@ -18,7 +18,7 @@ TYPES = list(FORMATS)
 # Round-trip error (relative RMS) of our quantizers on Gaussian weights; the K-quant ones are simple.
 ROUNDTRIP_TOL = {Q.F32: 0, Q.F16: 1e-3, Q.BF16: 5e-3, Q.Q8_0: 1e-2, Q.Q6_K: 3e-2, Q.Q5_0: 5e-2,
                  Q.Q5_1: 5e-2, Q.Q5_K: 6e-2, Q.Q4_0: 0.1, Q.Q4_1: 0.1, Q.Q4_K: 0.1, Q.Q3_K: 0.25, Q.Q2_K: 0.4,
-                 Q.MXFP4: 0.13, RamlmType.FP8_E4M3: 0.04}
+                 Q.MXFP4: 0.13, Q.IQ4_NL: 0.09, Q.IQ4_XS: 0.09, RamlmType.FP8_E4M3: 0.04}
 
 
 def shapes(t):
@@ -152,7 +152,8 @@ def test_gemv_prefill_min_k_follows_the_host():
     K and Q6_K from the 8B shapes on; with AMX the bf16 GEMM takes them all; elsewhere the GEMV takes Q4_K from
     K = 4096."""
     from cpu_kernels.quant.registry import AMX, WIDE_PREFILL
-    want = ({Q.Q4_K: 256, Q.Q5_0: 32, Q.Q4_0: 32, Q.Q8_0: 32, Q.Q6_K: 4096, Q.MXFP4: 32} if WIDE_PREFILL else {} if AMX
+    want = ({Q.Q4_K: 256, Q.Q5_0: 32, Q.Q4_0: 32, Q.Q8_0: 32, Q.Q6_K: 4096, Q.MXFP4: 32, Q.IQ4_NL: 32,
+             Q.IQ4_XS: 32} if WIDE_PREFILL else {} if AMX
             else {Q.Q4_K: 4096})
     got = {t: f.gemv_prefill_min_k for t, f in FORMATS.items() if f.gemv_prefill_min_k}
     assert got == want
@@ -218,8 +219,8 @@ def test_stack_and_rows(case):
             QuantLinear.stack(parts[::-1])
 
 
-@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0, Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.MXFP4, RamlmType.FP8_E4M3],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0, Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.MXFP4, Q.IQ4_NL, Q.IQ4_XS,
+                               RamlmType.FP8_E4M3], ids=lambda t: t.name)
 def test_numba_repack_equals_numpy(t):
     """The load-time Numba repackers against their numpy twins, on writable and read-only (memmap-like) rows."""
     from cpu_kernels.quant import repack
@@ -345,12 +346,12 @@ from gguf import GGMLQuantizationType as Q
 
 rng = np.random.default_rng(1)
 outs = []
-for t in (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4):
+for t in (Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4, Q.IQ4_NL, Q.IQ4_XS):
     w = rng.standard_normal((40, 512)).astype(np.float32)  # two 16-row pairs and a single group
     lin = QuantLinear.from_raw(t, quantize(t, w), w.shape)
     for m in (1, 6, 9):  # 9: two-group passes where the host has them (wide.PAIR)
         outs.append(lin.matmul(rng.standard_normal((m, 512)).astype(np.float32)).ravel())
-    if t == Q.MXFP4:  # its code table (vpshufb or selects) in the dequantizer too
+    if t in (Q.MXFP4, Q.IQ4_XS):  # their code tables (vpshufb or selects) in the dequantizers too
         outs.append(lin.dequantize().ravel())
 sys.stdout.write(np.concatenate(outs).tobytes().hex())
 """
@@ -368,7 +369,7 @@ def test_gemv_is_bitwise_equal_on_every_instruction_set():
                              capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
         got[level] = np.frombuffer(bytes.fromhex(res.stdout), np.float32)
-    assert got["auto"].size == 6 * 40 * 16 + 40 * 512 and np.isfinite(got["auto"]).all()
+    assert got["auto"].size == 8 * 40 * 16 + 2 * 40 * 512 and np.isfinite(got["auto"]).all()
     np.testing.assert_array_equal(got["avx2"], got["auto"])
     np.testing.assert_array_equal(got["generic"], got["auto"])
 
@@ -392,7 +393,7 @@ def test_dpbusd16_agrees_with_numpy():
     np.testing.assert_array_equal(out, want.astype(np.float32))
 
 
-@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K, Q.MXFP4], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K, Q.MXFP4, Q.IQ4_XS], ids=lambda t: t.name)
 def test_two_group_passes_equal_single_rows(t):
     """From PAIR_MIN_M rows the 8-row-interleaved GEMVs run two groups per pass where the host has AVX-512 VNNI
     (whole 16-row pairs below N, then single groups): every row is bitwise what it gives alone. Q4_K's passes read
@@ -433,6 +434,39 @@ def test_mxfp4_every_code_and_exponent():
     assert np.isfinite(got[:, :7]).all() and (np.abs(got[:, :2]) < 1e-30).all()
 
 
+@pytest.mark.parametrize("t", [Q.IQ4_NL, Q.IQ4_XS], ids=lambda t: t.name)
+def test_iq4_every_code_and_scale(t):
+    """IQ4 blocks holding all 16 codes, with negative, zero and extreme scales (IQ4_XS: sub-scales 0 and 63, the
+    ends of ls - 32): dequantize equals gguf's bit for bit and the GEMV equals a float64 dot over those values."""
+    from cpu_kernels.quant.quantize import _f16_bytes
+    rng = np.random.default_rng(8)
+    N, K = 11, 512
+    codes = (np.arange(K) % 16).astype(np.uint8).reshape(-1, 32)
+    nib = codes[:, :16] | (codes[:, 16:] << 4)
+    d = np.array([1.0, -1.0, 0.0, 65504.0, 6e-8, -2.5e-3, 1e-2, 3.0, -0.5, 7e-5, 1.5], np.float32)
+    if t == Q.IQ4_NL:
+        blocks = np.zeros((N, K // 32, 18), np.uint8)
+        blocks[..., :2] = _f16_bytes(d[:, None] * np.float32(1e-4) * (1 + np.arange(K // 32)))
+        blocks[..., 2:] = np.stack([np.roll(nib, n, axis=0) for n in range(N)])
+    else:
+        blocks = np.zeros((N, K // 256, 136), np.uint8)
+        blocks[..., :2] = _f16_bytes(np.repeat(d[:, None], K // 256, 1) * np.float32(1e-3))
+        ls = rng.integers(0, 64, (N, K // 256, 8)).astype(np.uint8)
+        ls[:, 0, :2] = 0, 63
+        blocks[..., 2:4] = ((ls.astype(np.uint16) >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(
+            -1, dtype=np.uint16)[..., None].view(np.uint8)
+        blocks[..., 4:8] = (ls[..., 0::2] & 15) | ((ls[..., 1::2] & 15) << 4)
+        blocks[..., 8:] = np.stack([np.roll(nib, n, axis=0) for n in range(N)]).reshape(N, K // 256, 128)
+    raw = blocks.reshape(N, -1)
+    deq = gguf.quants.dequantize(raw, t).reshape(N, K)
+    lin = QuantLinear.from_raw(t, raw, (N, K))
+    np.testing.assert_array_equal(lin.dequantize().view(np.uint32), deq.view(np.uint32))
+    x = rng.standard_normal((5, K)).astype(np.float32)
+    got = lin.matmul(x)
+    ref = q8_of(x) @ deq.astype(np.float64).T  # the integer dot is exact: one rounding per block
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
+
+
 def q8_of(x):
     """x as the int8 GEMVs see it (per-32 Q8 rounding), in float64."""
     from cpu_kernels.quant.linear import q8_roundtrip
@@ -440,10 +474,12 @@ def q8_of(x):
 
 
 def test_parallel_quantizers_equal_the_references():
-    """quantize_fast against gguf's Q8_0 quantizer and torch's float8 cast, over 30 binades, zero blocks, -0.0, ties."""
+    """quantize_fast against gguf's Q8_0 quantizer, torch's float8 cast and the numpy Q4_K quantizer, over 30 binades,
+    zero blocks, -0.0, ties."""
     from cpu_kernels.quant.fp8_quant import quantize_rows
     from cpu_kernels.quant.qtypes import fp8_rows as rows
-    from cpu_kernels.quant.quantize_fast import fp8_rows, q8_0_rows
+    from cpu_kernels.quant.quantize import _q4_k
+    from cpu_kernels.quant.quantize_fast import fp8_rows, q4_k_rows, q8_0_rows
     rng = np.random.default_rng(3)
     w = (rng.standard_normal((40, 512)) * np.exp2(rng.integers(-24, 6, (40, 512)))).astype(np.float32)
     w[0, :128] = 0.0
@@ -451,3 +487,6 @@ def test_parallel_quantizers_equal_the_references():
     w[2, :128] = np.float32(448.0) * np.arange(128) / 127  # every e4m3 step, ties included
     np.testing.assert_array_equal(q8_0_rows(w), gguf.quants.quantize(w, Q.Q8_0))
     np.testing.assert_array_equal(fp8_rows(w), rows(*quantize_rows(w)))
+    w[3, :256] = 0.5  # a constant super-block: zero steps
+    w[4, :32] = -np.arange(32, dtype=np.float32)  # a sub-block below zero: its min is the offset
+    np.testing.assert_array_equal(q4_k_rows(w), _q4_k(w.reshape(-1, 256)).reshape(40, -1))
