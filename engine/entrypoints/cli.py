@@ -40,6 +40,16 @@ def _cmd_plan(ns: argparse.Namespace) -> int:
     return run_plan(ns)
 
 
+def _cmd_quantize(ns: argparse.Namespace) -> int:
+    import time
+    from engine.model.gguf_save import save_quantized_gguf
+    t0 = time.perf_counter()
+    counts = save_quantized_gguf(ns.model, ns.out, ns.quantization)
+    kinds = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
+    print(f"wrote {ns.out} ({kinds}) in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from engine.args import EngineArgs
     from engine.entrypoints.generate_cli import add_generate_args
@@ -70,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="where each layer and KV block would go (RAM or GPU), and why")
     add_plan_args(plan)
     plan.set_defaults(func=_cmd_plan)
+
+    quant = sub.add_parser("quantize", help="a GGUF file's float tensors quantized by --quantization into a new GGUF "
+                                            "file (llama-quantize's job)")
+    quant.add_argument("model", help="the source GGUF file (F32/F16/BF16 tensors are quantized)")
+    quant.add_argument("out", help="the GGUF file to write")
+    quant.add_argument("--quantization", "-q", required=True, help="q8_0, q4_k, int8 or int4 (as at load)")
+    quant.set_defaults(func=_cmd_quantize)
 
     bench = sub.add_parser("bench", help="benchmarks: speed (prefill/decode), perplexity, ...")
     bench.add_argument("which", help="bench module: speed, perplexity, ...")
