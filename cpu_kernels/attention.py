@@ -1,6 +1,7 @@
 """Paged KV cache: write new K/V rows, and attention of a mixed batch over the cached blocks.
 
-Cache layout (num_blocks, block_size, Hkv, D), float16 (default) or float32. Numba cannot type float16
+Cache layout (num_blocks, block_size, Hkv, D), float16 (default), float32 or fp8 bytes (kv_cache_dtype fp8_e4m3 in
+uint8, fp8_e5m2 in int8: f16.py converts them as each block is read). Numba cannot type float16
 arrays on the CPU (numba 0.68 raises NotImplementedError('float16') for any use, even passing one), so
 the public functions are thin Python wrappers that hand float16 caches to the kernels as their uint16
 bits. The kernels convert with LLVM's half<->float conversions (one vcvtph2ps/vcvtps2ph per 16 values
@@ -73,9 +74,9 @@ def _write_kv(k, v, k_cache, v_cache, slot_mapping):
 def _kernel_view(cache: np.ndarray) -> np.ndarray:
     if cache.dtype == np.float16:
         return cache.view(np.uint16)
-    if cache.dtype == np.float32 or cache.dtype == np.uint16:
+    if cache.dtype in (np.float32, np.uint16, np.uint8, np.int8):  # uint8 / int8: fp8 e4m3fn / e5m2 bytes (f16.py)
         return cache
-    raise TypeError(f"KV cache must be float16 or float32, got {cache.dtype}")
+    raise TypeError(f"KV cache must be float16, float32 or fp8 bytes (uint8 e4m3fn, int8 e5m2), got {cache.dtype}")
 
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping):

@@ -19,6 +19,11 @@ from cpu_kernels.quant.simd import AMX
 from cpu_kernels.quant.threads import match_torch_threads
 
 
+def _fp8_views() -> dict:
+    import torch
+    return {torch.uint8: torch.float8_e4m3fn, torch.int8: torch.float8_e5m2}
+
+
 def enabled() -> bool:
     """Whether long chunks take this path: AMX hosts, unless RAMLM_SDPA_PREFILL says 0 or 1."""
     forced = envs.get("RAMLM_SDPA_PREFILL")
@@ -29,13 +34,14 @@ def sequence_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, 
                        block_row: np.ndarray, scale: float, sliding_window: int = 0) -> np.ndarray:
     """Causal attention of one sequence's last q.shape[0] positions over its seq_len cached keys.
 
-    q: f32 (T, Hq, D); k_cache, v_cache: (num_blocks, block_size, Hkv, D) f16 or f32 holding positions
+    q: f32 (T, Hq, D); k_cache, v_cache: (num_blocks, block_size, Hkv, D) f16, f32 or fp8 bytes holding positions
     0..seq_len-1 in the blocks block_row lists. Returns f32 (T, Hq, D), as paged_attention's rows.
     """
     import torch
     import torch.nn.functional as F
 
     match_torch_threads(torch)
+    fp8_views = _fp8_views()
     T, Hq, D = q.shape
     BS, Hkv = k_cache.shape[1], k_cache.shape[2]
     if not 0 < T <= seq_len or Hq % Hkv or k_cache.shape[3] != D or v_cache.shape != k_cache.shape:
@@ -48,8 +54,10 @@ def sequence_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, 
         raise ValueError("sequence_attention: block table too short for seq_len")
     ids = torch.from_numpy(np.ascontiguousarray(block_row[b0:nb], dtype=np.int64))
 
-    def gathered(cache):  # (1, Hkv, seq_len - k0, D) bf16
-        c = torch.from_numpy(cache).index_select(0, ids).reshape((nb - b0) * BS, Hkv, D)[:seq_len - k0]
+    def gathered(cache):  # (1, Hkv, seq_len - k0, D) bf16 (fp8 bytes read as torch's float8 types: exact in bf16)
+        c = torch.from_numpy(cache)
+        c = c.view(fp8_views[c.dtype]) if c.dtype in fp8_views else c
+        c = c.index_select(0, ids).reshape((nb - b0) * BS, Hkv, D)[:seq_len - k0]
         return c.to(torch.bfloat16).permute(1, 0, 2).unsqueeze(0)
 
     mask, causal = None, True

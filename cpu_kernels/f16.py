@@ -1,5 +1,8 @@
 """float16 <-> float32 inside Numba kernels (numba cannot type float16 arrays on the CPU, so caches travel
-as uint16 bits): LLVM half conversions where the CPU has F16C, exact integer bit routines elsewhere."""
+as uint16 bits): LLVM half conversions where the CPU has F16C, exact integer bit routines elsewhere. The fp8 KV
+caches (kv_cache_dtype fp8_e4m3 / fp8_e5m2) travel as their bytes, e4m3fn in uint8 arrays and e5m2 in int8 arrays
+(the two byte types tell the formats apart in the overloads below), encoded with round-to-nearest-even and
+saturation at the largest finite value (vLLM's fp8 KV with unit scales) and decoded through float16 bits."""
 from __future__ import annotations
 
 import platform
@@ -85,12 +88,67 @@ else:
     f16_to_f32, f32_to_f16 = f16_to_f32_soft, f32_to_f16_soft
 
 
+# ---------------------------------------------------------------- fp8 (e4m3fn, e5m2) <-> float32
+@njit(**_JIT)
+def e4m3_to_f32(b):
+    """An e4m3fn byte (uint8) -> float32: its sign, exponent and mantissa placed as float16 bits (exponent bias 15
+    for 7, subnormals included) times 2^8. Exact; the NaN byte 0x7F (never written) reads as 480."""
+    v = np.uint16(b)
+    return f16_to_f32(np.uint16(((v & np.uint16(0x7F)) << np.uint16(7)) | ((v & np.uint16(0x80)) << np.uint16(8)))) \
+        * np.float32(256.0)
+
+
+@njit(**_JIT)
+def e5m2_to_f32(b):
+    """An e5m2 byte (int8) -> float32: the top byte of a float16. Exact."""
+    return f16_to_f32(np.uint16(np.uint16(np.uint8(b)) << np.uint16(8)))
+
+
+@njit(**_JIT)
+def f32_to_e4m3(x):
+    """float32 -> e4m3fn byte (uint8), round to nearest even, saturating at +-448 (NaN stays NaN)."""
+    u = np.int64(f32_to_bits(np.float32(x)))
+    sign = (u >> 24) & 0x80
+    a = u & 0x7FFFFFFF
+    if a > 0x7F800000:
+        r = 0x7F
+    elif a >= 0x43E00000:  # 448 and above (inf too)
+        r = 0x7E
+    elif a < 0x3C800000:  # below 2^-6: subnormal steps of 2^-9, rounded by the FPU at 2^14 (whose ulp is 2^-9)
+        r = np.int64(f32_to_bits(bits_to_f32(a) + np.float32(16384.0))) - 0x46800000
+    else:  # normal: rebias the exponent (127 -> 7), round the 20 dropped bits to nearest even
+        r = min((a - 0x3C000000 + 0x7FFFF + ((a >> 20) & 1)) >> 20, 0x7E)
+    return np.uint8(r | sign)
+
+
+@njit(**_JIT)
+def f32_to_e5m2(x):
+    """float32 -> e5m2 byte (as int8), round to nearest even, saturating at +-57344 (NaN stays NaN)."""
+    u = np.int64(f32_to_bits(np.float32(x)))
+    sign = (u >> 24) & 0x80
+    a = u & 0x7FFFFFFF
+    if a > 0x7F800000:
+        r = 0x7F
+    elif a >= 0x47600000:  # 57344 and above (inf too)
+        r = 0x7B
+    elif a < 0x38800000:  # below 2^-14: subnormal steps of 2^-16, rounded by the FPU at 2^7 (whose ulp is 2^-16)
+        r = np.int64(f32_to_bits(bits_to_f32(a) + np.float32(128.0))) - 0x43000000
+    else:  # normal: rebias the exponent (127 -> 15), round the 21 dropped bits to nearest even
+        r = min((a - 0x38000000 + 0xFFFFF + ((a >> 21) & 1)) >> 21, 0x7B)
+    v = r | sign
+    return np.int8(v - 256 if v >= 128 else v)
+
+
 def _load_f32(x):
-    """Cache element -> float32 (uint16 elements are float16 bits)."""
+    """Cache element -> float32 (uint16: float16 bits; uint8: e4m3fn; int8: e5m2)."""
 
 
 @overload(_load_f32)
 def _load_f32_impl(x):
+    if x == types.uint8:
+        return lambda x: e4m3_to_f32(x)
+    if x == types.int8:
+        return lambda x: e5m2_to_f32(x)
     if isinstance(x, types.Integer):
         return lambda x: f16_to_f32(x)
     return lambda x: np.float32(x)
@@ -104,6 +162,10 @@ def _encode(x, cache):
 def _encode_impl(x, cache):
     if cache.dtype == types.uint16:
         return lambda x, cache: f32_to_f16(np.float32(x))
+    if cache.dtype == types.uint8:
+        return lambda x, cache: f32_to_e4m3(x)
+    if cache.dtype == types.int8:
+        return lambda x, cache: f32_to_e5m2(x)
     return lambda x, cache: np.float32(x)
 
 

@@ -111,7 +111,7 @@ def main(argv=None) -> None:
 
     from cpu_kernels import prewarm
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--kv-dtype", default="float16", choices=("float16", "float32"))
+    ap.add_argument("--kv-dtype", default="float16", choices=("float16", "float32", "uint8", "int8"))
     dtype = np.dtype(ap.parse_args(argv).kv_dtype)
     warmup(kv_dtypes=(dtype,))
     prewarm.mark_done(prewarm.kernels_name(dtype))

@@ -18,7 +18,8 @@ import logging
 from dataclasses import replace
 from typing import Sequence
 
-from engine.core.kv_spec import cache_groups, group_counts, is_paged, kv_storage_dtype, layer_groups, split_pool
+from engine.core.kv_spec import (FP8_STORAGE, cache_groups, group_counts, is_paged, kv_storage_dtype, layer_groups,
+                                 split_pool)
 from offload.plan_types import PlacementPlan, PlanOptions
 
 logger = logging.getLogger("ramlm.offload")
@@ -81,6 +82,9 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int | Sequence[int], b
         return Placement(model, plan)
     if plan.num_layers != len(model.blocks):
         raise ValueError(f"the plan is for {plan.num_layers} layers, the model has {len(model.blocks)}")
+    if kv_storage_dtype(kv_cache_dtype) in FP8_STORAGE:
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} runs on the CPU only for now (the GPU modules read fp16 "
+                         "and fp32 caches): place every layer in RAM (--device cpu) or use kv_cache_dtype auto")
     import torch
     from gpu_kernels.linear import DTYPES
     from gpu_kernels.modules import DeviceContext, OnDevice, _DeviceBlock

@@ -8,16 +8,21 @@ import math
 from dataclasses import dataclass
 from typing import Sequence, Union
 
-# kv_cache_dtype (vLLM's argument) -> the element type the cache stores (numpy and torch spell these alike).
-KV_CACHE_DTYPES = {"auto": "float16", "fp16": "float16", "float16": "float16", "fp32": "float32", "float32": "float32"}
-ITEMSIZE = {"float16": 2, "float32": 4}
+# kv_cache_dtype (vLLM's argument) -> the element type the cache stores (numpy and torch spell these alike). The fp8
+# formats store their bytes, e4m3fn as uint8 and e5m2 as int8 (cpu_kernels/f16.py converts each by its array type);
+# "fp8" is e4m3, as in vLLM, with unit scales (values past the format's range saturate).
+KV_CACHE_DTYPES = {"auto": "float16", "fp16": "float16", "float16": "float16", "fp32": "float32", "float32": "float32",
+                   "fp8": "uint8", "fp8_e4m3": "uint8", "fp8_e5m2": "int8"}
+FP8_STORAGE = ("uint8", "int8")
+ITEMSIZE = {"float16": 2, "float32": 4, "uint8": 1, "int8": 1}
 STATE_ITEMSIZE = 4  # states are float32 (the delta rule's S accumulates over the whole sequence)
 # Without kv_cache_memory, the pool takes this share of the RAM still available after the weights.
 KV_RAM_FRACTION = 0.4
 
 
 def kv_storage_dtype(kv_cache_dtype: str) -> str:
-    """The element type name ('float16' or 'float32') of a kv_cache_dtype; ValueError naming the supported ones."""
+    """The element type name ('float16', 'float32', or fp8 bytes 'uint8' / 'int8') of a kv_cache_dtype; ValueError
+    naming the supported ones."""
     try:
         return KV_CACHE_DTYPES[kv_cache_dtype]
     except (KeyError, TypeError):

@@ -78,6 +78,7 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         "tensor_types": types,
         "total_weight_bytes": sum(v["bytes"] for v in types.values()),
         "kv_bytes_per_1k_tokens": kv_1k,
+        "kv_bytes_per_1k_tokens_fp8": layout_bytes_per_block(full, 1024, "fp8"),  # --kv-cache-dtype fp8
         "kv_sliding_bytes_per_sequence": kv_seq,
         "sliding_window_layers": len(sliding),
         "kv_shared_layers": shared,
@@ -146,7 +147,8 @@ def format_info(info: dict[str, Any]) -> str:
         lines.append(f"  {name:<8} {t['count']:>5} tensors  {_bytes(t['bytes']):>12}")
     lines += [
         f"weights:        {_bytes(info['total_weight_bytes'])}",
-        f"KV cache:       {_bytes(info['kv_bytes_per_1k_tokens'])} per 1k tokens ({info['kv_note']})",
+        f"KV cache:       {_bytes(info['kv_bytes_per_1k_tokens'])} per 1k tokens ({info['kv_note']}); "
+        f"{_bytes(info['kv_bytes_per_1k_tokens_fp8'])} with --kv-cache-dtype fp8",
     ]
     if info.get("state_bytes_per_sequence"):
         lines.append(f"states:         {_bytes(info['state_bytes_per_sequence'])} per sequence (float32 conv and "

@@ -24,6 +24,7 @@ def test_tiny_gguf_info(tmp_path):
     assert types["Q4_K"] == {"count": 2, "bytes": 2 * 96 * 144}
     assert info["total_weight_bytes"] == sum(t["bytes"] for t in types.values())
     assert info["kv_bytes_per_1k_tokens"] == 2 * 2 * 2 * 16 * 2 * 1024
+    assert 2 * info["kv_bytes_per_1k_tokens_fp8"] == info["kv_bytes_per_1k_tokens"]
     assert info["sliding_window_layers"] == 0
     text = format_info(info)
     assert "architecture:   llama" in text and "Q4_K" in text and "256.00 KiB per 1k tokens" in text
