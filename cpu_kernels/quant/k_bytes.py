@@ -195,10 +195,11 @@ def q5_quads(qs, qh, g, nb, b, k, high):
 
 
 @njit(cache=CACHE)
-def prefetch_q5(qs, qh, d, g, nb, b):
+def prefetch_q5(qs, qh, d, g, nb, b, high):
     prefetch(qs, (g * nb + b) * 128 + PREFETCH_AHEAD)
     prefetch(qs, (g * nb + b) * 128 + PREFETCH_AHEAD + 64)
-    prefetch(qh, (g * nb + b) * 8 + PREFETCH_AHEAD // 16)
+    if high:  # Q4_0's qh is a placeholder: prefetches past it would walk page tables for nothing
+        prefetch(qh, (g * nb + b) * 8 + PREFETCH_AHEAD // 16)
     prefetch(d, (g * nb + b) * 8 + PREFETCH_AHEAD // 16)
 
 
@@ -209,8 +210,8 @@ def q5_0_pair(qs, qh, d, xq, xd, s, out, g, nb, high):
     M, K = xq.shape
     w8 = np.empty(nb * 512, np.uint8)
     for b in range(nb):
-        prefetch_q5(qs, qh, d, g, nb, b)
-        prefetch_q5(qs, qh, d, g + 1, nb, b)
+        prefetch_q5(qs, qh, d, g, nb, b, high)
+        prefetch_q5(qs, qh, d, g + 1, nb, b, high)
         for k in range(4):
             for h in range(2):
                 lo, hi = q5_quads(qs, qh, g + h, nb, b, k, high)
@@ -269,7 +270,7 @@ def nibble_passes(qs, qh, d, x, out, high):
                 acc = zero_f32x8()
                 for b in range(nb):
                     if m == 0:
-                        prefetch_q5(qs, qh, d, g, nb, b)
+                        prefetch_q5(qs, qh, d, g, nb, b, high)
                     xo = m * K + b * 32
                     a, c = zero_acc(), zero_acc()  # short accumulators: 4 dots of 5-bit weights each
                     for k in range(4):
@@ -284,7 +285,7 @@ def nibble_passes(qs, qh, d, x, out, high):
         # 256 b + 32 (k + 4)); every 4-row pass then reads bytes, not bits (the unpacking was per pass).
         w8 = np.empty(nb * 256, np.uint8)
         for b in range(nb):
-            prefetch_q5(qs, qh, d, g, nb, b)
+            prefetch_q5(qs, qh, d, g, nb, b, high)
             for k in range(4):
                 lo, hi = q5_quads(qs, qh, g, nb, b, k, high)
                 store(w8, b * 256 + 32 * k, lo)
