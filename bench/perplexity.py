@@ -4,6 +4,7 @@ Tokenize the whole text once with BOS, cut it into floor(n / ctx) chunks of ctx 
 chunk's first token by BOS, run each chunk as a fresh sequence and score the second half only.
 
     python -m bench.perplexity [--model M] [--text FILE] [--ctx 512] [--json OUT] [--prefill-dtype bfloat16]
+                               [--kv-cache-dtype fp8]
 """
 from __future__ import annotations
 
@@ -51,12 +52,13 @@ def main(argv=None) -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--json", default=None)
     ap.add_argument("--prefill-dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="e.g. fp8: the cache's effect on perplexity")
     args = ap.parse_args(argv)
     from engine import LLM
-    llm = LLM(model=args.model, prefill_dtype=args.prefill_dtype)
+    llm = LLM(model=args.model, prefill_dtype=args.prefill_dtype, kv_cache_dtype=args.kv_cache_dtype)
     with open(args.text, encoding="utf-8") as f:
         res = perplexity(llm, f.read(), args.ctx)
-    res["model"] = llm.model_path
+    res["model"], res["kv_cache_dtype"] = llm.model_path, args.kv_cache_dtype
     print(f"perplexity {res['ppl']:.4f} over {res['count']} tokens ({res['chunks']} chunks of {args.ctx}), "
           f"{res['tokens'] / res['seconds']:.1f} tok/s")
     if args.json:

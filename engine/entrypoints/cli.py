@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.errors import ModelLoadError
     try:
         return ns.func(ns) or 0
-    except (ModelLoadError, ValueError) as e:
+    except (ModelLoadError, ValueError, NotImplementedError) as e:
         print(f"ramlm: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
