@@ -156,3 +156,38 @@ def q4_k_rows(w: np.ndarray) -> np.ndarray:
     head[..., 0:2] = d.view(np.uint8).reshape(N, -1, 2)
     head[..., 2:4] = dmin.view(np.uint8).reshape(N, -1, 2)
     return out
+
+
+@njit(parallel=True, cache=CACHE)
+def _int_rtn(w, s32, bits, group, out):
+    N, K = w.shape
+    top = (1 << (bits - 1)) - 1
+    size = 18 if bits == 4 else 34
+    for n in prange(N):
+        for b in range(K // 32):
+            s = s32[n, (32 * b) // group]
+            o = b * size + 2
+            if bits == 8:
+                for j in range(32):
+                    v = min(max(np.rint(w[n, 32 * b + j] / s), -top - 1), top)
+                    out[n, o + j] = np.uint8((np.int64(v) + 256) & 255)
+            else:
+                for j in range(16):
+                    lo = min(max(np.rint(w[n, 32 * b + j] / s), -top - 1), top)
+                    hi = min(max(np.rint(w[n, 32 * b + 16 + j] / s), -top - 1), top)
+                    out[n, o + j] = np.uint8((np.int64(lo) + 8) | ((np.int64(hi) + 8) << 4))
+
+
+def int_rtn_rows(w: np.ndarray, bits: int, group: int) -> np.ndarray:
+    """w f32 (N, K) -> Q8_0 (bits 8) or Q4_0 (bits 4) rows of its symmetric round-to-nearest integers, one fp16 scale
+    amax / (2^(bits-1) - 1) per `group` values of a row (a multiple of 32), the values rounded at that stored scale."""
+    w = np.ascontiguousarray(w, np.float32)
+    N, K = w.shape
+    top = (1 << (bits - 1)) - 1
+    amax = np.abs(w.reshape(N, K // group, group)).max(axis=-1)
+    scale = np.where(amax > 0, amax / np.float32(top), np.float32(1.0)).astype(np.float16)
+    size = 18 if bits == 4 else 34
+    out = np.empty((N, K // 32 * size), np.uint8)
+    _int_rtn(w, scale.astype(np.float32), bits, group, out)
+    out.reshape(N, -1, size)[..., :2] = np.repeat(scale, group // 32, axis=1).view(np.uint8).reshape(N, -1, 2)
+    return out

@@ -112,6 +112,13 @@ def quantize_at_load(ws: WeightSource, method: str | None) -> WeightSource:
 
 def int_rtn(w: np.ndarray, method: str) -> np.ndarray:
     """w f32 (N, K) -> the Q8_0 / Q4_0 rows of its symmetric round-to-nearest int8 (per row) or int4 (per 128)."""
+    from cpu_kernels.quant.quantize_fast import int_rtn_rows
+    N, K = w.shape
+    return int_rtn_rows(w, 8 if method == "int8" else 4, K if INT_GROUP[method] == -1 else INT_GROUP[method])
+
+
+def int_rtn_numpy(w: np.ndarray, method: str) -> np.ndarray:
+    """int_rtn in numpy through hf_int.int_blocks (the reference the Numba quantizer is tested against)."""
     from engine.model.hf_int import int_blocks
     bits = 8 if method == "int8" else 4
     top = (1 << (bits - 1)) - 1
