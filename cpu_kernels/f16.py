@@ -105,37 +105,37 @@ def e5m2_to_f32(b):
 
 
 @njit(**_JIT)
-def f32_to_e4m3(x):
-    """float32 -> e4m3fn byte (uint8), round to nearest even, saturating at +-448 (NaN stays NaN)."""
+def _f32_to_fp8(x, top, min_normal, sub_at, sub_bits, rebias, drop, max_code):
+    """float32 -> an fp8 byte (as int64), round to nearest even, saturating at max_code (the largest finite value;
+    top: its float32 bits) with NaN kept NaN. Below min_normal (bits) the subnormal steps are rounded by the FPU at
+    sub_at (a float whose ulp is one step; sub_bits its bits); normal values are rebiased and rounded over the
+    `drop` dropped mantissa bits."""
     u = np.int64(f32_to_bits(np.float32(x)))
     sign = (u >> 24) & 0x80
     a = u & 0x7FFFFFFF
     if a > 0x7F800000:
         r = 0x7F
-    elif a >= 0x43E00000:  # 448 and above (inf too)
-        r = 0x7E
-    elif a < 0x3C800000:  # below 2^-6: subnormal steps of 2^-9, rounded by the FPU at 2^14 (whose ulp is 2^-9)
-        r = np.int64(f32_to_bits(bits_to_f32(a) + np.float32(16384.0))) - 0x46800000
-    else:  # normal: rebias the exponent (127 -> 7), round the 20 dropped bits to nearest even
-        r = min((a - 0x3C000000 + 0x7FFFF + ((a >> 20) & 1)) >> 20, 0x7E)
-    return np.uint8(r | sign)
+    elif a >= top:  # inf too
+        r = max_code
+    elif a < min_normal:
+        r = np.int64(f32_to_bits(bits_to_f32(a) + np.float32(sub_at))) - sub_bits
+    else:
+        r = min((a - rebias + ((1 << (drop - 1)) - 1) + ((a >> drop) & 1)) >> drop, max_code)
+    return r | sign
+
+
+@njit(**_JIT)
+def f32_to_e4m3(x):
+    """float32 -> e4m3fn byte (uint8): saturating at +-448 (bits 0x43E00000), subnormals below 2^-6 in steps of
+    2^-9 (the ulp of 2^14), exponent bias 127 -> 7, 20 mantissa bits dropped."""
+    return np.uint8(_f32_to_fp8(x, 0x43E00000, 0x3C800000, 16384.0, 0x46800000, 0x3C000000, 20, 0x7E))
 
 
 @njit(**_JIT)
 def f32_to_e5m2(x):
-    """float32 -> e5m2 byte (as int8), round to nearest even, saturating at +-57344 (NaN stays NaN)."""
-    u = np.int64(f32_to_bits(np.float32(x)))
-    sign = (u >> 24) & 0x80
-    a = u & 0x7FFFFFFF
-    if a > 0x7F800000:
-        r = 0x7F
-    elif a >= 0x47600000:  # 57344 and above (inf too)
-        r = 0x7B
-    elif a < 0x38800000:  # below 2^-14: subnormal steps of 2^-16, rounded by the FPU at 2^7 (whose ulp is 2^-16)
-        r = np.int64(f32_to_bits(bits_to_f32(a) + np.float32(128.0))) - 0x43000000
-    else:  # normal: rebias the exponent (127 -> 15), round the 21 dropped bits to nearest even
-        r = min((a - 0x38000000 + 0xFFFFF + ((a >> 21) & 1)) >> 21, 0x7B)
-    v = r | sign
+    """float32 -> e5m2 byte (as int8): saturating at +-57344 (bits 0x47600000), subnormals below 2^-14 in steps of
+    2^-16 (the ulp of 2^7), exponent bias 127 -> 15, 21 mantissa bits dropped."""
+    v = _f32_to_fp8(x, 0x47600000, 0x38800000, 128.0, 0x43000000, 0x38000000, 21, 0x7B)
     return np.int8(v - 256 if v >= 128 else v)
 
 

@@ -28,7 +28,7 @@ from .dot import Q8_OFFSET, acc_i32, dpbusd_acc, dpbusd_q8, zero_acc
 from .simd import (CACHE, PREFETCH_AHEAD, bits_to_bytes, concat, f16_to_f32, i8_to_f32, lane, load_bcast4, load_f16x8,
                    load_strided4, load_strided4x4, load_u8x32, muladd, prefetch, splat_i32, store, to_f32, vadd, vand,
                    vmul, vor, vshl, vshr, vsub, zero_f32x8, zero_f32x16)
-from .wide import (dpbusd16, load_bcast4x16, load_u8x64, pair_units, splat_i32x16, store16x4, unit_group)
+from .wide import byte_pair_passes, dpbusd16, load_bcast4x16, pair_units, splat_i32x16, store16x4, unit_group
 
 
 @njit(cache=CACHE)
@@ -207,8 +207,7 @@ def prefetch_q5(qs, qh, d, g, nb, b, high):
 def q5_0_pair(qs, qh, d, xq, xd, s, out, g, nb, high):
     """gemv_q5_0's 4-row passes over groups g and g + 1 at once (wide.py): both groups unpacked to bytes side by
     side (quads k and k + 4 of block b at 512 b + 64 k and 512 b + 256 + 64 k, group g + 1 32 bytes on)."""
-    M, K = xq.shape
-    w8 = np.empty(nb * 512, np.uint8)
+    w8, dw = np.empty(nb * 512, np.uint8), np.empty(nb * 16, np.float32)
     for b in range(nb):
         prefetch_q5(qs, qh, d, g, nb, b, high)
         prefetch_q5(qs, qh, d, g + 1, nb, b, high)
@@ -217,28 +216,8 @@ def q5_0_pair(qs, qh, d, xq, xd, s, out, g, nb, high):
                 lo, hi = q5_quads(qs, qh, g + h, nb, b, k, high)
                 store(w8, b * 512 + 64 * k + 32 * h, lo)
                 store(w8, b * 512 + 256 + 64 * k + 32 * h, hi)
-    for m in range(0, M, 4):
-        m0 = min(m, M - 4)
-        a0, a1, a2, a3 = zero_f32x16(), zero_f32x16(), zero_f32x16(), zero_f32x16()
-        for b in range(nb):
-            i0, i1 = splat_i32x16(s[m0, b]), splat_i32x16(s[m0 + 1, b])
-            i2, i3 = splat_i32x16(s[m0 + 2, b]), splat_i32x16(s[m0 + 3, b])
-            x0 = m0 * K + b * 32
-            for k in range(4):
-                lo, hi = load_u8x64(w8, b * 512 + 64 * k), load_u8x64(w8, b * 512 + 256 + 64 * k)
-                i0 = dpbusd16(dpbusd16(i0, lo, load_bcast4x16(xq, x0 + 4 * k)), hi, load_bcast4x16(xq, x0 + 16 + 4 * k))
-                i1 = dpbusd16(dpbusd16(i1, lo, load_bcast4x16(xq, x0 + K + 4 * k)), hi,
-                              load_bcast4x16(xq, x0 + K + 16 + 4 * k))
-                i2 = dpbusd16(dpbusd16(i2, lo, load_bcast4x16(xq, x0 + 2 * K + 4 * k)), hi,
-                              load_bcast4x16(xq, x0 + 2 * K + 16 + 4 * k))
-                i3 = dpbusd16(dpbusd16(i3, lo, load_bcast4x16(xq, x0 + 3 * K + 4 * k)), hi,
-                              load_bcast4x16(xq, x0 + 3 * K + 16 + 4 * k))
-            dw = concat(load_f16x8(d, (g * nb + b) * 8), load_f16x8(d, ((g + 1) * nb + b) * 8))
-            a0 = muladd(a0, to_f32(i0), vmul(dw, xd[m0, b]))
-            a1 = muladd(a1, to_f32(i1), vmul(dw, xd[m0 + 1, b]))
-            a2 = muladd(a2, to_f32(i2), vmul(dw, xd[m0 + 2, b]))
-            a3 = muladd(a3, to_f32(i3), vmul(dw, xd[m0 + 3, b]))
-        store16x4(out, m0, 8 * g, a0, a1, a2, a3)
+        store(dw, 16 * b, concat(load_f16x8(d, (g * nb + b) * 8), load_f16x8(d, ((g + 1) * nb + b) * 8)))
+    byte_pair_passes(w8, dw, xq, xd, s, out, g, nb)
 
 
 @njit(cache=CACHE)

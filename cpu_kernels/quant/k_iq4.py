@@ -24,8 +24,8 @@ from .k_mxfp4 import code_table
 from .q8act import quantize_act
 from .simd import (CACHE, PREFETCH_AHEAD, concat, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_strided4x4,
                    load_u8x8, load_u8x32, muladd, prefetch, splat_i32, store, to_f32, vadd, vand, vmul, vshr, vsub,
-                   zero_f32x8, zero_f32x16)
-from .wide import dpbusd16, load_bcast4x16, load_u8x64, pair_units, splat_i32x16, store16x4, unit_group
+                   zero_f32x8)
+from .wide import byte_pair_passes, pair_units, unit_group
 
 KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl
 code_bytes = code_table([v + 128 for v in KVALUES])  # u8x32 of codes -> KVALUES[code] + 128
@@ -71,32 +71,12 @@ def unpack_group(qs, g, nb, w8, stride, off):
 def iq4_pair(qs, sc, d, xq, xd, s, out, g, nb, xs):
     """The 4-row passes over groups g and g + 1 at once (wide.py): both groups' level bytes side by side, one exact
     512-bit dot per quad of 16 rows (PAIR hosts, where Q8_OFFSET is 128)."""
-    M, K = xq.shape
-    w8 = np.empty(nb * 512, np.uint8)
+    w8, dw = np.empty(nb * 512, np.uint8), np.empty(nb * 16, np.float32)
     unpack_group(qs, g, nb, w8, 512, 0)
     unpack_group(qs, g + 1, nb, w8, 512, 32)
-    for m in range(0, M, 4):
-        m0 = min(m, M - 4)
-        a0, a1, a2, a3 = zero_f32x16(), zero_f32x16(), zero_f32x16(), zero_f32x16()
-        for b in range(nb):
-            i0, i1 = splat_i32x16(s[m0, b]), splat_i32x16(s[m0 + 1, b])
-            i2, i3 = splat_i32x16(s[m0 + 2, b]), splat_i32x16(s[m0 + 3, b])
-            x0 = m0 * K + b * 32
-            for k in range(4):
-                lo, hi = load_u8x64(w8, b * 512 + 64 * k), load_u8x64(w8, b * 512 + 256 + 64 * k)
-                i0 = dpbusd16(dpbusd16(i0, lo, load_bcast4x16(xq, x0 + 4 * k)), hi, load_bcast4x16(xq, x0 + 16 + 4 * k))
-                i1 = dpbusd16(dpbusd16(i1, lo, load_bcast4x16(xq, x0 + K + 4 * k)), hi,
-                              load_bcast4x16(xq, x0 + K + 16 + 4 * k))
-                i2 = dpbusd16(dpbusd16(i2, lo, load_bcast4x16(xq, x0 + 2 * K + 4 * k)), hi,
-                              load_bcast4x16(xq, x0 + 2 * K + 16 + 4 * k))
-                i3 = dpbusd16(dpbusd16(i3, lo, load_bcast4x16(xq, x0 + 3 * K + 4 * k)), hi,
-                              load_bcast4x16(xq, x0 + 3 * K + 16 + 4 * k))
-            dw = concat(block_scales(sc, d, g, nb, b, xs), block_scales(sc, d, g + 1, nb, b, xs))
-            a0 = muladd(a0, to_f32(i0), vmul(dw, xd[m0, b]))
-            a1 = muladd(a1, to_f32(i1), vmul(dw, xd[m0 + 1, b]))
-            a2 = muladd(a2, to_f32(i2), vmul(dw, xd[m0 + 2, b]))
-            a3 = muladd(a3, to_f32(i3), vmul(dw, xd[m0 + 3, b]))
-        store16x4(out, m0, 8 * g, a0, a1, a2, a3)
+    for b in range(nb):
+        store(dw, 16 * b, concat(block_scales(sc, d, g, nb, b, xs), block_scales(sc, d, g + 1, nb, b, xs)))
+    byte_pair_passes(w8, dw, xq, xd, s, out, g, nb)
 
 
 @njit(cache=CACHE)

@@ -15,7 +15,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .dot import _dpbusd_generic
-from .simd import _I32, CACHE, HAS_VNNI, Vec, _make_load, _make_load_bcast4, _make_splat_i32, store
+from .simd import (_I32, CACHE, HAS_VNNI, Vec, _make_load, _make_load_bcast4, _make_splat_i32, load_f32x16, muladd,
+                   store, to_f32, vmul, zero_f32x16)
 
 # Two-group passes from this many activation rows: at M = 4 the single-group kernel was faster (9.2 vs 10.1 ms
 # on the output matrix), from M = 8 the pair (11.2 vs 13.1 ms; M = 32 28.4 vs 41.2).
@@ -56,6 +57,37 @@ def store16x4(out, m0, n0, a0, a1, a2, a3):
     store(out, (m0 + 1) * N + n0, a1)
     store(out, (m0 + 2) * N + n0, a2)
     store(out, (m0 + 3) * N + n0, a3)
+
+
+@njit(cache=CACHE)
+def byte_pair_passes(w8, dw, xq, xd, s, out, g, nb):
+    """The 4-row passes over groups g and g + 1 of the formats whose 32-value blocks unpack to bytes in halves
+    (Q5_0/Q4_0, MXFP4, IQ4): w8 holds block b's quads k of both groups at 512 b + 64 k (elements 4 k..) and
+    256 bytes on (elements 16 + 4 k..), dw (nb * 16) float32 the 16 rows' scales of each block, s the blocks'
+    integer offsets. Each lane is one row's exact integer dot, so the results are those of the 8-lane passes."""
+    M, K = xq.shape
+    for m in range(0, M, 4):
+        m0 = min(m, M - 4)
+        a0, a1, a2, a3 = zero_f32x16(), zero_f32x16(), zero_f32x16(), zero_f32x16()
+        for b in range(nb):
+            i0, i1 = splat_i32x16(s[m0, b]), splat_i32x16(s[m0 + 1, b])
+            i2, i3 = splat_i32x16(s[m0 + 2, b]), splat_i32x16(s[m0 + 3, b])
+            x0 = m0 * K + b * 32
+            for k in range(4):
+                lo, hi = load_u8x64(w8, b * 512 + 64 * k), load_u8x64(w8, b * 512 + 256 + 64 * k)
+                i0 = dpbusd16(dpbusd16(i0, lo, load_bcast4x16(xq, x0 + 4 * k)), hi, load_bcast4x16(xq, x0 + 16 + 4 * k))
+                i1 = dpbusd16(dpbusd16(i1, lo, load_bcast4x16(xq, x0 + K + 4 * k)), hi,
+                              load_bcast4x16(xq, x0 + K + 16 + 4 * k))
+                i2 = dpbusd16(dpbusd16(i2, lo, load_bcast4x16(xq, x0 + 2 * K + 4 * k)), hi,
+                              load_bcast4x16(xq, x0 + 2 * K + 16 + 4 * k))
+                i3 = dpbusd16(dpbusd16(i3, lo, load_bcast4x16(xq, x0 + 3 * K + 4 * k)), hi,
+                              load_bcast4x16(xq, x0 + 3 * K + 16 + 4 * k))
+            d = load_f32x16(dw, 16 * b)
+            a0 = muladd(a0, to_f32(i0), vmul(d, xd[m0, b]))
+            a1 = muladd(a1, to_f32(i1), vmul(d, xd[m0 + 1, b]))
+            a2 = muladd(a2, to_f32(i2), vmul(d, xd[m0 + 2, b]))
+            a3 = muladd(a3, to_f32(i3), vmul(d, xd[m0 + 3, b]))
+        store16x4(out, m0, 8 * g, a0, a1, a2, a3)
 
 
 @njit(cache=CACHE)
