@@ -162,7 +162,7 @@ def test_float_experts_quantized_to_mxfp4_in_gguf(tmp_path):
 
 def test_unsupported_gpt_oss_configs_are_refused(tmp_path):
     from engine.errors import ModelLoadError
-    from engine.model.hf import config_from_hf
+    from engine.model.hf_config import config_from_hf
     cfg = tiny_model("gpt-oss").config.to_dict()
     with pytest.raises(ModelLoadError, match="swiglu_limit"):
         config_from_hf({**cfg, "swiglu_limit": 10.0})

@@ -14,7 +14,8 @@ from gguf import GGMLQuantizationType as GT  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from engine.errors import ModelLoadError  # noqa: E402
-from engine.model.hf import config_from_hf, open_hf, permute_qk  # noqa: E402
+from engine.model.hf import open_hf, permute_qk  # noqa: E402
+from engine.model.hf_config import config_from_hf  # noqa: E402
 from engine.model.weights import open_weights  # noqa: E402
 
 SMALL = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

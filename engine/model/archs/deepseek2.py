@@ -70,7 +70,7 @@ class Deepseek2(Architecture):
             raise ModelLoadError("deepseek_v3 with rope_interleave false is not supported (llama.cpp's deepseek2 "
                                  "turns interleaved pairs)")
         rope, nope = int(need("qk_rope_head_dim")), int(need("qk_nope_head_dim"))
-        params = cfg.get("rope_parameters") or {}  # where hf._rope found the scaling
+        params = cfg.get("rope_parameters") or {}  # where hf_config._rope found the scaling
         if params.get("rope_type", "default") in (None, "default"):
             params = cfg.get("rope_scaling") or {}
         mscale_all_dim = float(params.get("mscale_all_dim") or 0.0) if kw["rope_scaling"].type != "none" else 0.0
