@@ -163,7 +163,8 @@ def _iq4_xs(x: np.ndarray) -> np.ndarray:
                            _iq4_pack(codes).reshape(-1, 128)], axis=-1)
 
 
-_K_QUANTIZERS = {Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k, Q.IQ4_XS: _iq4_xs}
+# Q4_K takes quantize_fast.q4_k_rows (bit-equal to _q4_k, kept as its reference)
+_K_QUANTIZERS = {Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k, Q.IQ4_XS: _iq4_xs}
 _GGUF_QUANTIZERS = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.BF16, Q.MXFP4)
 
 
