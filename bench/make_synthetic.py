@@ -102,7 +102,18 @@ SHAPES = {
 # Byte offsets of the fp16 scale fields inside one block of each format (the rest may be random).
 F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,),
               Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,),
-              Q.IQ4_XS: (0,)}
+              Q.IQ4_XS: (0,), Q.IQ2_XXS: (0,), Q.IQ2_XS: (0,), Q.IQ2_S: (0,), Q.IQ3_XXS: (0,), Q.IQ3_S: (0,),
+              Q.IQ1_S: (0,), Q.TQ1_0: (52,), Q.TQ2_0: (64,)}
+# The spread of a format's values per unit of its fp16 scale, roughly (IQ4_XS: levels ~60 times sub-scales
+# ls - 32 ~16; IQ2: points ~25 times (0.5 + ls) / 4 ~2; IQ3_XXS ~30 x 4, IQ3_S ~8 x 16; IQ1 ~0.7 x 7; TQ ~0.7).
+SCALE_SPREAD = {Q.IQ4_XS: 1024, Q.IQ2_XXS: 50, Q.IQ2_XS: 50, Q.IQ2_S: 50, Q.IQ3_XXS: 120, Q.IQ3_S: 128,
+                Q.IQ1_S: 5, Q.IQ1_M: 5, Q.TQ1_0: 1, Q.TQ2_0: 1}
+
+
+# preset -> llama.cpp's LLAMA_FTYPE_MOSTLY_* number (general.file_type)
+FILE_TYPES = {"q4_k_m": 15, "q8_0": 7, "q4_0": 2, "f16": 1, "mxfp4": 38, "iq4_xs": 30, "iq2_xxs": 19, "iq2_xs": 20,
+              "iq3_xxs": 23, "iq1_s": 24, "iq3_s": 26, "iq2_s": 28, "iq1_m": 31, "tq1_0": 36, "tq2_0": 37}
+LOW_BIT = ("iq4_xs", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m", "tq1_0", "tq2_0")
 
 
 def quant_plan(preset: str):
@@ -121,13 +132,13 @@ def quant_plan(preset: str):
             return Q.F16
         if preset == "q4_0":
             return Q.Q4_0
-        if preset == "iq4_xs":  # llama.cpp's MOSTLY_IQ4_XS: IQ4_XS, the output matrix in Q6_K
-            return Q.Q6_K if name.startswith("output.") else Q.IQ4_XS
+        if preset in LOW_BIT:  # llama.cpp's MOSTLY_IQ4_XS etc.: the type throughout, the output matrix in Q6_K
+            return Q.Q6_K if name.startswith("output.") else Q[preset.upper()]
         if preset == "q4_k_m":
             if name.startswith("output.") or any(k in name for k in (".attn_v.", "ffn_down")):
                 return Q.Q6_K
             return Q.Q4_K
-        raise ValueError(f"unknown quant preset {preset!r}; known: q4_k_m, q8_0, q4_0, iq4_xs, f16, mxfp4")
+        raise ValueError(f"unknown quant preset {preset!r}; known: {', '.join(FILE_TYPES)}")
     return pick
 
 
@@ -146,8 +157,15 @@ def random_tensor(rng: np.random.Generator, qtype: Q, shape: tuple, std: float =
     if qtype == Q.MXFP4:  # the E8M0 byte: 2^(120 - 128) times codes of mean magnitude ~5: std ~0.02
         raw[:, 0] = 120
         return raw.reshape(*shape[:-1], nblocks * size)
-    # IQ4_XS: levels of mean magnitude ~60 times sub-scales ls - 32 of mean magnitude ~16
-    scale = np.float16(std / (1024 if qtype == Q.IQ4_XS else 8 if block == 256 else 64))
+    if qtype == Q.NVFP4:  # four unsigned-e4m3 scales: 0x10 = 2^-5 / 2, times codes of mean magnitude ~5
+        raw[:, :4] = 0x10
+        return raw.reshape(*shape[:-1], nblocks * size)
+    scale = np.float16(std / SCALE_SPREAD.get(qtype, 8 if block == 256 else 64))
+    if qtype == Q.IQ1_M:  # its fp16 d is the top nibbles of the four 16-bit scale words (bytes 49, 51, 53, 55)
+        bits = int(scale.view(np.uint16))
+        for i in range(4):
+            raw[:, 49 + 2 * i] = (raw[:, 49 + 2 * i] & 0x0F) | (((bits >> (4 * i)) & 15) << 4)
+        return raw.reshape(*shape[:-1], nblocks * size)
     for off in F16_FIELDS[qtype]:
         raw[:, off:off + 2] = np.frombuffer(scale.tobytes(), dtype=np.uint8)
     return raw.reshape(*shape[:-1], nblocks * size)
@@ -186,7 +204,7 @@ def write_synthetic(path: str, shape: str, quant: str, seed: int = 0, layers: in
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
-    w.add_file_type({"q4_k_m": 15, "q8_0": 7, "q4_0": 2, "iq4_xs": 30, "f16": 1, "mxfp4": 38}[quant])
+    w.add_file_type(FILE_TYPES[quant])
     shapes = tensor_shapes(cfg)
     # Tensor infos first (sizes only), then data streamed one tensor at a time to bound memory.
     for name, shp in shapes.items():

@@ -165,7 +165,10 @@ def _iq4_xs(x: np.ndarray) -> np.ndarray:
 
 # Q4_K takes quantize_fast.q4_k_rows (bit-equal to _q4_k, kept as its reference)
 _K_QUANTIZERS = {Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k, Q.IQ4_XS: _iq4_xs}
-_GGUF_QUANTIZERS = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.BF16, Q.MXFP4)
+_GGUF_QUANTIZERS = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.BF16, Q.MXFP4, Q.TQ1_0, Q.TQ2_0)
+# Formats ramlm runs but does not write: the grid i-quants need llama.cpp's lattice search (with an importance
+# matrix), and gguf has no NVFP4 quantizer to be bit-exact with.
+UNWRITTEN = (Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.NVFP4)
 
 
 def quantize(ggml_type, w: np.ndarray) -> np.ndarray:
@@ -196,4 +199,7 @@ def quantize(ggml_type, w: np.ndarray) -> np.ndarray:
         out = _K_QUANTIZERS[t](w.reshape(-1, QKK))
         assert out.shape[-1] == type_size
         return np.ascontiguousarray(out, dtype=np.uint8).reshape(N, K // block * type_size)
+    if t in UNWRITTEN:
+        raise NotImplementedError(f"quantize: ramlm runs {t.name} files but does not write them (llama.cpp's "
+                                  "llama-quantize does)")
     raise NotImplementedError(f"quantize: {t.name} is not supported")

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from . import k_bytes, k_float, k_fp8, k_iq4, k_kquants, k_kquants_x8, k_legacy, k_lowbit, k_mxfp4, repack
+from . import k_bytes, k_float, k_fp8, k_grid, k_iq4, k_kquants, k_kquants_x8, k_legacy, k_lowbit, k_mxfp4, repack
 from .qtypes import QUANT_SIZES, RamlmType, qtype
 from .simd import AMX
 from .wide import PAIR
@@ -106,6 +106,12 @@ FORMATS: dict[Q, QuantFormat] = {
                gemv_prefill=True, gemv_prefill_min_k=32 if WIDE_PREFILL else 0),
         _quant(Q.IQ4_XS, ("qs", "sc", "d"), repack.iq4_xs, k_iq4.gemv_iq4_xs, k_iq4.deq_iq4_xs, row_block=8,
                gemv_prefill=True, gemv_prefill_min_k=32 if WIDE_PREFILL else 0),
+        # llama.cpp's grid i-quants, ternary formats and NVFP4: the file's bytes, unpacked per 8-row group in each GEMV
+        # (k_grid.py); long chunks take the dense path.
+        *(_quant(t, ("w",), repack.grid_rows, getattr(k_grid, "gemv_" + t.name.lower()),
+                 getattr(k_grid, "deq_" + t.name.lower()), row_block=8)
+          for t in (Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M, Q.TQ1_0, Q.TQ2_0,
+                    Q.NVFP4)),
         # HF FP8 checkpoints: float activations, so long prompts take the dense path (bf16 tiles where native).
         _quant(RamlmType.FP8_E4M3, ("q", "d"), repack.fp8_e4m3, k_fp8.gemv_fp8, k_fp8.deq_fp8, row_block=8,
                int8_activations=False),

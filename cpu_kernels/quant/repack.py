@@ -139,6 +139,14 @@ def iq4_nl_numpy(raw):
     return q4_0_numpy(raw)
 
 
+def grid_rows(raw):
+    """-> w uint8 (G, 8 * bytes_per_row): the file's rows as they are, 8 to an entry (zero rows pad N), what
+    k_grid.py's kernels read (IQ1/IQ2/IQ3 grid formats and TQ1_0/TQ2_0)."""
+    b = np.asarray(raw).view(np.uint8)
+    b = _pad8(b.reshape(b.shape[0], -1))
+    return (np.array(b.reshape(b.shape[0] // 8, -1), copy=True),)
+
+
 def iq4_xs(raw):
     """-> qs uint8 (G, K * 4) as Q5_0's qs, sc uint8 (G, K / 4) the 6-bit sub-scale of (8 g + r, 32-block b) at
     8 b + r, d fp16 bits uint16 (G, K / 32) per 256 values at 8 s + r: k_iq4.py's IQ4_XS layout."""

@@ -20,7 +20,7 @@ def warmup(verbose: bool = False, types=None, bf16=None) -> float:
     bf16: also dequantize to bf16 bits, as the bfloat16 prefill path does (default: where it is native).
     Returns the seconds it took (first process: compiles; later ones: cache loads)."""
     from .linear import QuantLinear
-    from .quantize import quantize
+    from .quantize import UNWRITTEN, quantize
     from .registry import FORMATS
 
     bf16 = native_bf16() if bf16 is None else bf16
@@ -31,7 +31,10 @@ def warmup(verbose: bool = False, types=None, bf16=None) -> float:
             continue
         t1 = time.perf_counter()
         K = max(fmt.block_size, 32)
-        raw = quantize(t, np.linspace(-1, 1, 2 * K, dtype=np.float32).reshape(2, K))
+        if t in UNWRITTEN:  # zero bytes are a valid block of every format (scale 0)
+            raw = np.zeros((2, fmt.row_bytes(K)), np.uint8)
+        else:
+            raw = quantize(t, np.linspace(-1, 1, 2 * K, dtype=np.float32).reshape(2, K))
         raw.flags.writeable = False  # as a model file's memory map: the repackers' signature says read-only
         lin = QuantLinear.from_raw(t, raw, (2, K))
         lin.matmul(np.ones((1, K), np.float32))

@@ -18,7 +18,11 @@ TYPES = list(FORMATS)
 # Round-trip error (relative RMS) of our quantizers on Gaussian weights; the K-quant ones are simple.
 ROUNDTRIP_TOL = {Q.F32: 0, Q.F16: 1e-3, Q.BF16: 5e-3, Q.Q8_0: 1e-2, Q.Q6_K: 3e-2, Q.Q5_0: 5e-2,
                  Q.Q5_1: 5e-2, Q.Q5_K: 6e-2, Q.Q4_0: 0.1, Q.Q4_1: 0.1, Q.Q4_K: 0.1, Q.Q3_K: 0.25, Q.Q2_K: 0.4,
-                 Q.MXFP4: 0.13, Q.IQ4_NL: 0.09, Q.IQ4_XS: 0.09, RamlmType.FP8_E4M3: 0.04}
+                 Q.MXFP4: 0.13, Q.IQ4_NL: 0.09, Q.IQ4_XS: 0.09, RamlmType.FP8_E4M3: 0.04, Q.TQ1_0: 0.9,
+                 Q.TQ2_0: 0.9}
+# Formats ramlm runs but cannot write (llama.cpp's grid search with an importance matrix makes them): their cases are
+# random blocks of the file layout, every bit pattern of which is a valid block.
+from cpu_kernels.quant.quantize import UNWRITTEN as NO_QUANTIZER  # noqa: E402
 
 
 def shapes(t):
@@ -26,11 +30,16 @@ def shapes(t):
     bs = FORMATS[t].block_size
     if bs == 1:
         return [(13, 19), (37, 83)]
-    return [(13, bs), (37, {256: 512, 128: 384}.get(bs, 160))]
+    return [(13, bs), (37, {256: 512, 128: 384, 64: 320}.get(bs, 160))]
 
 
 def make(t, N, K, seed=0):
     rng = np.random.default_rng(seed)
+    if t in NO_QUANTIZER:
+        from bench.make_synthetic import random_tensor
+        raw = random_tensor(rng, t, (N, K), std=1.0)
+        deq = dequantize(raw, t).reshape(N, K)
+        return deq, raw, deq
     w = rng.standard_normal((N, K)).astype(np.float32)
     raw = quantize(t, w)
     return w, raw, dequantize(raw, t).reshape(N, K)
@@ -54,6 +63,10 @@ def case(request):
 
 def test_quantize_round_trip(case):
     t, cases = case
+    if t in NO_QUANTIZER:
+        with pytest.raises(NotImplementedError, match="does not write"):
+            quantize(t, cases[0][2])
+        return
     for N, K, w, raw, deq in cases:
         assert raw.dtype == np.uint8 and raw.shape == (N, FORMATS[t].row_bytes(K))
         err = np.sqrt(((deq - w) ** 2).mean() / (w ** 2).mean())
@@ -88,6 +101,8 @@ def test_matmul_matches_float64(case, M):
         lin = QuantLinear.from_raw(t, raw, (N, K))
         x = np.random.default_rng(M).standard_normal((M, K)).astype(np.float32)
         ref = x.astype(np.float64) @ deq.astype(np.float64).T
+        if t in NO_QUANTIZER:  # random blocks' scales span 30x: against the Q8 activations, whose dots are exact
+            ref, tol = q8_of(x) @ deq.astype(np.float64).T, 1e-5
         got = lin.matmul(x)
         assert got.shape == (M, N) and got.dtype == np.float32
         assert rel_err(got, ref) < tol, (t.name, N, K, M, rel_err(got, ref))
@@ -248,8 +263,8 @@ def test_rejects_bad_inputs():
     raw = quantize(Q.Q8_0, np.zeros((4, 64), np.float32))
     with pytest.raises(ValueError):
         QuantLinear.from_raw(Q.Q8_0, raw, (4, 96))
-    with pytest.raises(NotImplementedError):
-        QuantLinear.from_raw(Q.IQ2_XXS, raw, (4, 64))
+    with pytest.raises(NotImplementedError, match="Q8_1 is not supported"):  # llama.cpp's activation-only type
+        QuantLinear.from_raw(Q.Q8_1, raw, (4, 64))
     with pytest.raises(ValueError):
         QuantLinear.from_raw(Q.Q8_0, raw, (4, 64)).matmul(np.zeros((2, 32), np.float32))
 
@@ -391,6 +406,39 @@ def test_dpbusd16_agrees_with_numpy():
     run(-12345, a, b, out)
     want = -12345 + (a.astype(np.int64) * b.view(np.int8)).reshape(16, 4).sum(-1)
     np.testing.assert_array_equal(out, want.astype(np.float32))
+
+
+@pytest.mark.parametrize("t", [Q.IQ2_XXS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M, Q.TQ1_0, Q.NVFP4],
+                         ids=lambda t: t.name)
+def test_grid_formats_extreme_scales(t):
+    """Grid i-quant and ternary blocks with their scale fields at every value (sub-scales 0 and 15, IQ1's 0..7 with
+    both deltas) and fp16 scales from subnormal to 65504, negative and zero: dequantize equals gguf's bit for bit
+    and the GEMV equals a float64 dot over those values (the integer dots are exact: one rounding per 16 values)."""
+    rng = np.random.default_rng(9)
+    N, K = 9, 512
+    bs, ts = gguf.GGML_QUANT_SIZES[t]
+    raw = rng.integers(0, 256, size=(N, K // bs, ts), dtype=np.uint8)
+    raw[0] = 0x00
+    raw[1] = 0xFF
+    d = np.array([0, -65504.0, 6e-8, -1e-3, 2.5e-2, 65504.0, -0.5, 1e-5, 3.0], np.float16)  # (row 0 stays zero)
+    if t == Q.IQ1_M:  # fp16 d in the top nibbles of the 16-bit scale words
+        bits = d.view(np.uint16)
+        for i in range(4):
+            top = (((bits[1:, None] >> (4 * i)) & 15) << 4).astype(np.uint8)
+            raw[1:, :, 49 + 2 * i] = (raw[1:, :, 49 + 2 * i] & 0x0F) | top
+    else:  # NVFP4: two of its four unsigned-e4m3 scales take d's bytes
+        off = {Q.TQ1_0: 52}.get(t, 0)
+        raw[1:, :, off:off + 2] = np.broadcast_to(d[1:, None, None].view(np.uint8), (N - 1, K // bs, 2))
+    raw = raw.reshape(N, -1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        deq = gguf.quants.dequantize(raw, t).reshape(N, K)
+    lin = QuantLinear.from_raw(t, raw, (N, K))
+    np.testing.assert_array_equal(lin.dequantize().view(np.uint32), deq.view(np.uint32))
+    x = rng.standard_normal((5, K)).astype(np.float32)
+    got = lin.matmul(x)
+    finite = np.isfinite(deq).all(axis=1) & (np.abs(deq).max(axis=1) < 1e30)
+    ref = q8_of(x) @ deq[finite].astype(np.float64).T
+    np.testing.assert_allclose(got[:, finite], ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
 
 
 @pytest.mark.parametrize("t", [Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K, Q.MXFP4, Q.IQ4_XS], ids=lambda t: t.name)

@@ -1,0 +1,39 @@
+"""The lattice tables of llama.cpp's grid i-quants (IQ1_S/IQ1_M, IQ2_XXS/XS/S, IQ3_XXS/S) as the kernels read them.
+
+The tables are the formats' published constants (ggml-common.h's iq2xxs_grid, ksigns_iq2xs, ...); they are taken
+from gguf-py's copies (its quants classes hold them hex-packed) and laid out here as one integer per grid point:
+the 8 (IQ3: 4) magnitude bytes of a point, element i in byte i, so a point and a sign mask make 8 signed bytes
+with three 64-bit operations (k_grid.signed_bytes).
+"""
+from __future__ import annotations
+
+import numpy as np
+from gguf import quants
+
+
+def _points(cls) -> np.ndarray:
+    """gguf's grid of cls (float32 (1, 1, n, width)) -> its integer values (n, width)."""
+    cls.init_grid()
+    g = np.asarray(cls.grid, np.float32)
+    return g.reshape(g.shape[-2], g.shape[-1]).astype(np.int64)
+
+
+def _pack(values: np.ndarray, dtype) -> np.ndarray:
+    """(n, width) small integers -> (n,) dtype with element i in byte i."""
+    b = (values & 0xFF).astype(np.uint8)
+    return np.ascontiguousarray(b).view(dtype).reshape(-1)
+
+
+KSIGNS = np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8).copy()  # 7-bit index -> 8 sign bits (even parity)
+# sign byte -> a mask with 0xFF in the bytes whose bit is set (the negated elements)
+SIGN_MASK = np.array([sum(0xFF << (8 * i) for i in range(8) if s >> i & 1) for s in range(256)], np.uint64)
+GRID_IQ2XXS = _pack(_points(quants.IQ2_XXS), np.uint64)  # 256 points of 8 magnitudes in {8, 25, 43}
+GRID_IQ2XS = _pack(_points(quants.IQ2_XS), np.uint64)    # 512
+GRID_IQ2S = _pack(_points(quants.IQ2_S), np.uint64)      # 1024
+GRID_IQ3XXS = _pack(_points(quants.IQ3_XXS), np.uint32)  # 256 points of 4 magnitudes 4..62
+GRID_IQ3S = _pack(_points(quants.IQ3_S), np.uint32)      # 512 points of 4 magnitudes 1..15
+# IQ1: points of 8 values in {-1, 0, 1} plus a delta of +-1/8 per 8 values, held as 8 * value +- 1 (then times
+# the scale / 8, exact): bytes 8 v + 1 + 128 (delta +) and 8 v - 1 + 128 (delta -), ready for the unsigned dot.
+_IQ1 = _points(quants.IQ1_S)
+GRID_IQ1_POS = _pack(8 * _IQ1 + 1 + 128, np.uint64)
+GRID_IQ1_NEG = _pack(8 * _IQ1 - 1 + 128, np.uint64)
