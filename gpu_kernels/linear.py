@@ -127,16 +127,19 @@ class DeviceWeight:
 
 
 class DeviceLinear:
-    """y = x @ W^T (+ b) on a torch device; x and y float32 tensors."""
+    """y = x @ W^T (+ b) on a torch device; x and y float32 tensors. in_perm: the order an act-order weight stores
+    its inputs in (x is gathered so first)."""
 
-    def __init__(self, weight: DeviceWeight, bias: torch.Tensor | None = None):
-        self.weight, self.bias = weight, bias
+    def __init__(self, weight: DeviceWeight, bias: torch.Tensor | None = None, in_perm: torch.Tensor | None = None):
+        self.weight, self.bias, self.in_perm = weight, bias, in_perm
 
     @property
     def out_features(self) -> int:
         return self.weight.N
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.in_perm is not None:
+            x = x.index_select(-1, self.in_perm)
         y = self.weight.matmul(x)
         return y + self.bias if self.bias is not None else y
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from gpu_kernels import modules as dm
 from gpu_kernels.dequant import has_device_dequant
 from gpu_kernels.linear import DeviceLinear, DeviceWeight, typed_raw
@@ -33,7 +35,8 @@ class Converter:
         raw = self.ws.raw(name) if fmt == "packed" else None
         w = DeviceWeight.build(lin.weight, raw, fmt, self.ctx.device, self.ctx.compute_dtype, streamed)
         bias = None if lin.bias is None else dm.vector(lin.bias, self.ctx.device)
-        return DeviceLinear(w, bias)
+        perm = getattr(lin, "in_perm", None)
+        return DeviceLinear(w, bias, None if perm is None else torch.from_numpy(perm).to(self.ctx.device))
 
     def leaf(self, lin, name: str, lp):
         """Inside a device block: a device Linear, or the numpy one run from RAM."""

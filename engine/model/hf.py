@@ -151,6 +151,8 @@ class HFWeights(WeightSource):
         self._sources: dict[str, list[tuple[_SafetensorsFile, str]]] = {}  # GGUF name -> the HF tensors it reads
         self._tensors: dict[str, tuple[TensorInfo, Callable[[], np.ndarray]]] = {}
         self.unmapped: list[str] = []  # HF tensors with no GGUF counterpart (vision tower, inv_freq, ...)
+        self._in_perms: dict[str, np.ndarray] = {}  # act-order weights: GGUF name -> the stored input order
+        self._perm_asked: set[str] = set()
         self._map(config)
         self.config = self._reconcile(config)
         self._log_skipped()
@@ -217,6 +219,13 @@ class HFWeights(WeightSource):
         info = TensorInfo(gguf_name, _ST_DTYPES[dtype], shape, offset, nbytes)
         return info.ggml_type, shape, lambda: raw_view(f.mm, info)
 
+    def _perm(self, src: tuple[_SafetensorsFile, str]) -> np.ndarray | None:
+        """The input order of an act-order int weight (hf_int.input_perm); None for every other tensor."""
+        f, key = src
+        if isinstance(self.quant, hf_quant.IntScheme) and key.endswith((".qweight", ".weight_packed")):
+            return hf_int.input_perm(self, src)
+        return None
+
     def _aux_suffixes(self) -> tuple[str, ...]:
         if isinstance(self.quant, hf_quant.IntScheme):
             return hf_quant.CT_INT_SUFFIXES if self.quant.method.startswith("ct-") else hf_quant.GPTQ_SUFFIXES[1:]
@@ -224,6 +233,7 @@ class HFWeights(WeightSource):
 
     def _add(self, name: str, c: ModelConfig, src: tuple[_SafetensorsFile, str]) -> None:
         gtype, shape, load = self._entry(src, name)
+        perm = self._perm(src)
         base = name.split(".")[-2]
         offset = src[0].entries[src[1]][2] if gtype in _ST_DTYPES.values() else -1  # FP8 rows are computed
         if self.arch.hf_permute_qk and base in ("attn_q", "attn_k"):
@@ -241,7 +251,11 @@ class HFWeights(WeightSource):
             load, offset = (lambda ld=load, fn=rows_fn: np.ascontiguousarray(fn(ld()))), -1
         elif transform is not None:
             shape, fn = transform
-            load, offset, gtype = (lambda ld=load, t=gtype, fn=fn: fn(_as_f32(ld(), t))), -1, GT.F32
+            load, offset, gtype = (lambda ld=load, t=gtype, fn=fn, p=perm: fn(_in_order(_as_f32(ld(), t), p))), -1, \
+                GT.F32
+            perm = None
+        if perm is not None:
+            self._in_perms[name] = perm
         self._tensors[name] = (TensorInfo(name, gtype, shape, offset, tensor_nbytes(gtype, shape)), load)
         self._sources[name] = [src]
 
@@ -252,7 +266,7 @@ class HFWeights(WeightSource):
             _fail(src[0].path, f"tensor '{src[1]}': shape {shape} does not split into "
                                f"{', '.join(f'{rel} {sub}' for rel, (sub, _) in parts.items())}")
         if gtype not in _ST_DTYPES.values():  # a quantized weight: the split cuts across blocks, so its float values
-            load, gtype = (lambda ld=load, t=gtype: _as_f32(ld(), t)), GT.F32
+            load, gtype = (lambda ld=load, t=gtype, p=self._perm(src): _in_order(_as_f32(ld(), t), p)), GT.F32
         for rel, (sub, fn) in parts.items():
             name = f"blk.{layer}.{rel}"
             self._tensors[name] = (TensorInfo(name, gtype, sub, -1, tensor_nbytes(gtype, sub)),
@@ -262,6 +276,8 @@ class HFWeights(WeightSource):
     def _add_stacked(self, name: str, by_expert: dict[int, tuple[_SafetensorsFile, str]]) -> None:
         if sorted(by_expert) != list(range(len(by_expert))):
             _fail(self.path, f"tensor '{name}': experts {sorted(by_expert)} are not 0..E-1")
+        if any(self._perm(by_expert[e]) is not None for e in by_expert):
+            _fail(self.path, f"tensor '{name}': act-order (desc_act) experts are not supported yet")
         parts = [self._entry(by_expert[e], name) for e in range(len(by_expert))]
         if len({(t, s) for t, s, _ in parts}) != 1:
             _fail(self.path, f"tensor '{name}': experts differ in dtype or shape")
@@ -380,9 +396,16 @@ class HFWeights(WeightSource):
         except KeyError:
             raise ModelLoadError(f"{self.path}: tensor '{name}': not in the model") from None
 
+    def in_perm(self, name: str) -> np.ndarray | None:
+        self._perm_asked.add(name)
+        return self._in_perms.get(name)
+
     def raw(self, name: str) -> np.ndarray:
         """Zero-copy view for plain tensors; a fresh array for permuted / +1 / stacked ones."""
         self.info(name)
+        if name in self._in_perms and name not in self._perm_asked:  # its reader would get the inputs out of order
+            _fail(self.path, f"tensor '{name}': act-order (desc_act) weights are not supported where this model "
+                             "reads it")
         return self._tensors[name][1]()
 
 
@@ -392,6 +415,15 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     HF llama pairs rotary dims (i, i + D/2); after this, pairs are (2i, 2i + 1) -- "normal" rope on GGUF."""
     return np.ascontiguousarray(
         w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+
+
+def _in_order(w: np.ndarray, perm: np.ndarray | None) -> np.ndarray:
+    """Float rows w (N, K) whose inputs are stored in act-order's order perm -> the inputs in their own order."""
+    if perm is None:
+        return w
+    out = np.empty_like(w)
+    out[:, perm] = w
+    return out
 
 
 def _as_f32(a: np.ndarray, gtype: GT) -> np.ndarray:

@@ -15,7 +15,10 @@ compressed-tensors "pack-quantized" (llm-compressor's W4A16 / W8A16: `weight_pac
 value + 2^(bits - 1) packed along the input dim, `weight_scale` (N, groups), `weight_zero_point` packed along the
 outputs when asymmetric) and "int-quantized" (W8A8: int8 `weight`, per-row `weight_scale`) go the same way (their
 dynamic per-token int8 activations are what Q8_0's kernels do per 32 values).
-Not yet: asymmetric 8-bit, act-order with a g_idx that is not k // group_size, 2/3-bit, AWQ's gemv/marlin layouts.
+Act-order (desc_act: a g_idx that is not k // group_size) holds each group's inputs scattered along K: the rows are
+built over the inputs sorted by group (act_order's permutation), where the groups are whole blocks again, and the
+model gathers its activations in that order before the matmul (WeightSource.in_perm, parts/linear.py).
+Not yet: asymmetric 8-bit, 2/3-bit, AWQ's gemv/marlin layouts.
 """
 from __future__ import annotations
 
@@ -97,6 +100,36 @@ def _q5_0_blocks(v: np.ndarray) -> np.ndarray:
                           axis=-1)
 
 
+def act_order(g_idx, K: int, group: int, what: str) -> np.ndarray | None:
+    """None for a g_idx of k // group_size (or none); else the input permutation (int64 (K,)) that sorts the inputs
+    by group: act-order checkpoints give each group group_size inputs, which then sit side by side."""
+    if g_idx is None:
+        return None
+    g = np.asarray(g_idx).astype(np.int64).reshape(-1)
+    contiguous = np.arange(K) // group
+    if g.shape != (K,):
+        raise ModelLoadError(f"{what}: g_idx has {g.size} entries for {K} inputs")
+    if np.array_equal(g, contiguous):
+        return None
+    perm = np.argsort(g, kind="stable")
+    if not np.array_equal(g[perm], contiguous):
+        raise ModelLoadError(f"{what}: g_idx does not give each group {group} inputs (act-order needs whole groups)")
+    return perm
+
+
+def input_perm(weights, src) -> np.ndarray | None:
+    """act_order's permutation of the packed weight src of HFWeights `weights` (None without act-order)."""
+    f, key = src
+    scheme = weights.quant
+    ct = scheme.method.startswith("ct-")
+    aux = key.rsplit(".", 1)[0] + (".weight_g_idx" if ct else ".g_idx")
+    if aux not in weights.file_of:
+        return None
+    g = weights.float_array((weights.file_of[aux], aux))
+    K = g.size
+    return act_order(g, K, K if scheme.group == -1 else scheme.group, f"{f.path}: tensor '{key}'")
+
+
 def gptq_rows(qweight, qzeros, scales, g_idx, scheme: IntScheme, what: str) -> np.ndarray:
     """A GPTQ / AWQ weight -> rows uint8 (N, row bytes) of scheme.ggml_type (Q4_0, Q5_0 or Q8_0) holding its
     numbers: d = the group's scale, q - zero."""
@@ -106,14 +139,15 @@ def gptq_rows(qweight, qzeros, scales, g_idx, scheme: IntScheme, what: str) -> n
     awq = scheme.method == "awq"
     if scales.shape != (G, N) or qzeros.shape != (G, N // per):
         raise ModelLoadError(f"{what}: scales {scales.shape} / qzeros {qzeros.shape} do not fit {G} groups of {N}")
-    if g_idx is not None and not np.array_equal(np.asarray(g_idx), np.arange(K) // group):
-        raise ModelLoadError(f"{what}: act-order (a g_idx that is not k // group_size) is not supported yet")
+    perm = act_order(g_idx, K, group, what)
     order = AWQ_ORDER if awq else None
     zeros = _unpack(qzeros, scheme.bits, 1, order).astype(np.int32) + (0 if scheme.v2 else 1)  # (G, N)
     mid = 1 << (scheme.bits - 1)
     if scheme.sym and not (zeros == mid).all():
         raise ModelLoadError(f"{what}: zero points other than {mid} in a symmetric checkpoint")
     q = (_unpack(qweight, scheme.bits, 1, order) if awq else _unpack(qweight, scheme.bits, 0)).T  # (N, K)
+    if perm is not None:  # the inputs sorted by group: the groups become whole blocks
+        q = q[:, perm]
     v = (q.astype(np.int32) - np.repeat(zeros.T, group, axis=1)).reshape(N, K // 32, 32)  # q - zero
     d = np.repeat(np.asarray(scales, np.float16).T, group // 32, axis=1)  # (N, K / 32): a scale per 32-block
     return int_blocks(v, d, scheme.ggml_type, what)
@@ -154,8 +188,9 @@ def ct_rows(weight, scale, zero_point, g_idx, scheme: IntScheme, what: str) -> n
     group = K // s.shape[1]
     if scheme.group not in (-1, group):
         raise ModelLoadError(f"{what}: weight_scale {s.shape} does not make groups of {scheme.group}")
-    if g_idx is not None and not np.array_equal(np.asarray(g_idx), np.arange(K) // group):
-        raise ModelLoadError(f"{what}: act-order (a weight_g_idx that is not k // group_size) is not supported yet")
+    perm = act_order(g_idx, K, group, what)
+    if perm is not None:
+        q = q[:, perm]
     if scheme.sym:
         zp = np.zeros_like(s, dtype=np.int32)
     else:

@@ -103,8 +103,8 @@ def _compressed_int(fmt: str, groups: dict, source: str) -> IntScheme:
             _fail(source, f"config_groups.{name}: weight strategy {strategy!r} is not supported (group, channel)")
         if bits == 8 and not sym:
             _fail(source, f"config_groups.{name}: asymmetric 8-bit weights are not supported yet")
-        if w.get("actorder") not in (None, False, "static") and strategy == "group":
-            _fail(source, f"config_groups.{name}: actorder {w.get('actorder')!r} is not supported yet")
+        if w.get("actorder") not in (None, False, "static", "weight", "group"):  # "group": weight_g_idx (hf_int)
+            _fail(source, f"config_groups.{name}: actorder {w.get('actorder')!r} is not supported")
         group = -1 if strategy == "channel" else _group({"group_size": w.get("group_size")}, source, fmt)
         schemes.add(IntScheme(bits, group, sym, True, "ct-" + fmt.split("-")[0]))
     if len(schemes) != 1:

@@ -24,9 +24,10 @@ import numpy as np
 
 from cpu_kernels.quant.fp8_quant import E4M3_MAX, quantize_blockwise, to_e4m3
 
-SCHEMES = ("fp8-block", "ct-channel", "ct-tensor", "ct-block", "gptq-4", "gptq-8", "gptq-4-asym", "awq", "ct-w4a16",
-           "ct-w4a16-asym", "ct-w8a16", "ct-w8a8")
+SCHEMES = ("fp8-block", "ct-channel", "ct-tensor", "ct-block", "gptq-4", "gptq-8", "gptq-4-asym", "gptq-4-actorder",
+           "awq", "ct-w4a16", "ct-w4a16-asym", "ct-w4a16-actorder", "ct-w8a16", "ct-w8a8")
 CT_INT = {"ct-w4a16": (4, True, 128, "pack-quantized"), "ct-w4a16-asym": (4, False, 128, "pack-quantized"),
+          "ct-w4a16-actorder": (4, True, 128, "pack-quantized"),
           "ct-w8a16": (8, True, -1, "pack-quantized"), "ct-w8a8": (8, True, -1, "int-quantized")}
 GPTQ_GROUP = 128
 _LINEAR = re.compile(r"(.*\.layers\.\d+\..*_proj(?:_[a-z_]+)?)\.weight$")  # q_proj, in_proj_qkv, kv_a_proj_with_mqa, ...
@@ -89,13 +90,31 @@ def _int_quant(w: np.ndarray, bits: int, sym: bool, group: int = GPTQ_GROUP, bf1
     return q.reshape(N, K), zero.T.astype(np.uint8), (scale.T.contiguous() if bf16 else scale.T.copy()), decoded
 
 
+def _act_order_quant(w: np.ndarray, bits: int, sym: bool, group: int, bf16: bool, act_order: bool):
+    """_int_quant with act-order (desc_act / actorder "group"): the inputs grouped in a permuted order (GPTQ's, by
+    Hessian diagonal; here a fixed random one per shape) -> (q and decoded in the inputs' own order, zeros, scales,
+    g_idx int32 (K,): each input's group)."""
+    K = w.shape[1]
+    group = K if group == -1 else group
+    perm = np.random.default_rng(7919 * w.shape[0] + K).permutation(K) if act_order else np.arange(K)
+    q, zero, scale, decoded = _int_quant(np.ascontiguousarray(w[:, perm]), bits, sym, group, bf16)
+    g_idx = np.empty(K, np.int32)
+    g_idx[perm] = np.arange(K) // group
+    q_in, dec = np.empty_like(q), np.empty_like(decoded)
+    q_in[:, perm], dec[:, perm] = q, decoded  # back to the inputs' own order, as checkpoints store them
+    return q_in, zero, scale, dec, g_idx
+
+
 def _ct_int(w: np.ndarray, scheme: str) -> tuple[dict, np.ndarray]:
     """w f32 (N, K) -> (the module's tensors by suffix, the decoded values): compressed-tensors int layouts."""
     import torch
     bits, sym, group, fmt = CT_INT[scheme]
-    q, zero, scale, decoded = _int_quant(w, bits, sym, group, bf16=True)
+    act_order = scheme.endswith("actorder")
+    q, zero, scale, decoded, g_idx = _act_order_quant(w, bits, sym, group, True, act_order)
     off = 1 << (bits - 1)
     tensors = {"weight_scale": scale.T.contiguous()}  # (N, groups)
+    if act_order:
+        tensors["weight_g_idx"] = torch.from_numpy(g_idx)
     if fmt == "int-quantized":
         tensors["weight"] = torch.from_numpy((q.astype(np.int16) - off).astype(np.int8))
     else:  # stored value + 2^(bits - 1) = q, packed along the input dim
@@ -106,12 +125,13 @@ def _ct_int(w: np.ndarray, scheme: str) -> tuple[dict, np.ndarray]:
     return {k: v.contiguous() for k, v in tensors.items()}, decoded
 
 
-def _gptq(w: np.ndarray, bits: int, sym: bool = True) -> tuple[dict, np.ndarray]:
-    """w f32 (N, K) -> (the module's tensors by suffix, the decoded float32 values), GPTQ's layout."""
+def _gptq(w: np.ndarray, bits: int, sym: bool = True, act_order: bool = False) -> tuple[dict, np.ndarray]:
+    """w f32 (N, K) -> (the module's tensors by suffix, the decoded float32 values), GPTQ's layout (act_order:
+    desc_act)."""
     import torch
-    q, zero, scale, decoded = _int_quant(w, bits, sym)
+    q, zero, scale, decoded, g_idx = _act_order_quant(w, bits, sym, GPTQ_GROUP, False, act_order)
     tensors = {"qweight": _pack(q.T, bits, 0), "qzeros": _pack(zero - 1, bits, 1),  # the "gptq" format: zero - 1
-               "scales": scale, "g_idx": (np.arange(w.shape[1]) // GPTQ_GROUP).astype(np.int32)}
+               "scales": scale, "g_idx": g_idx}
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in tensors.items()}, decoded
 
 
@@ -146,7 +166,8 @@ def quantize_state_dict(sd: dict, scheme: str = "fp8-block", scale_dtype=None) -
             out.update({f"{stem}.{k}": v for k, v in tensors.items()})
             return dec
         if scheme.startswith(("gptq", "awq")):
-            tensors, dec = _awq(w) if scheme == "awq" else _gptq(w, int(scheme[5]), not scheme.endswith("asym"))
+            tensors, dec = _awq(w) if scheme == "awq" else _gptq(w, int(scheme[5]), not scheme.endswith("asym"),
+                                                                 scheme.endswith("actorder"))
             out.update({f"{stem}.{k}": v for k, v in tensors.items()})
             return dec
         q, scale, dec = _quantize(w, scheme, scale_dtype)
@@ -180,7 +201,8 @@ def quantization_config(scheme: str) -> dict:
     if scheme == "fp8-block":
         return {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
     if scheme.startswith("gptq"):
-        return {"quant_method": "gptq", "bits": int(scheme[5]), "group_size": GPTQ_GROUP, "desc_act": False,
+        return {"quant_method": "gptq", "bits": int(scheme[5]), "group_size": GPTQ_GROUP,
+                "desc_act": scheme.endswith("actorder"),
                 "sym": not scheme.endswith("asym"), "checkpoint_format": "gptq", "damp_percent": 0.01,
                 "static_groups": False, "true_sequential": True}
     if scheme == "awq":
@@ -195,7 +217,7 @@ def quantization_config(scheme: str) -> dict:
                 "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": acts, "weights": {
                     "num_bits": bits, "type": "int", "symmetric": sym, "dynamic": False,
                     "strategy": "channel" if group == -1 else "group", "group_size": None if group == -1 else group,
-                    "actorder": None}}}}
+                    "actorder": "group" if scheme.endswith("actorder") else None}}}}
     strategy = scheme.removeprefix("ct-")
     return {
         "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",

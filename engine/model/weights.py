@@ -38,6 +38,12 @@ class WeightSource:
         (float32 / float16 / uint16 bits for bf16) with `shape` otherwise. Read-only."""
         raise NotImplementedError
 
+    def in_perm(self, name: str) -> np.ndarray | None:
+        """The order (int64 (K,)) in which tensor `name`'s inputs are stored, when it is not 0..K-1 (act-order
+        GPTQ): its matmul reads x[..., perm]. Ask before raw(name): a source may refuse to hand such a tensor to a
+        reader that never asked."""
+        return None
+
     def __contains__(self, name: str) -> bool:
         return name in set(self.names())
 

@@ -20,10 +20,11 @@ from tests.model.quant_folders import edited_copy, reference_folder
 from tests.model.tiny_models import hf_logits, tiny_model
 
 CASES = [("llama", "gptq-4"), ("qwen3moe", "gptq-4"), ("qwen3", "gptq-8"), ("qwen3", "gptq-4-asym"),
+         ("llama", "gptq-4-actorder"), ("qwen3", "ct-w4a16-actorder"),
          ("llama", "awq"), ("qwen3moe", "awq"), ("qwen3", "ct-w4a16"), ("qwen3moe", "ct-w4a16-asym"),
          ("llama", "ct-w8a16"), ("qwen3", "ct-w8a8")]
-TYPE = {"gptq-4": "Q4_0", "gptq-8": "Q8_0", "gptq-4-asym": "Q5_0", "awq": "Q5_0", "ct-w4a16": "Q4_0",
-        "ct-w4a16-asym": "Q5_0", "ct-w8a16": "Q8_0", "ct-w8a8": "Q8_0"}
+TYPE = {"gptq-4": "Q4_0", "gptq-4-actorder": "Q4_0", "gptq-8": "Q8_0", "gptq-4-asym": "Q5_0", "awq": "Q5_0",
+        "ct-w4a16": "Q4_0", "ct-w4a16-actorder": "Q4_0", "ct-w4a16-asym": "Q5_0", "ct-w8a16": "Q8_0", "ct-w8a8": "Q8_0"}
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
@@ -44,6 +45,7 @@ def test_gptq_loads_as_blocks_of_the_same_numbers(gptq_folder):
     assert ws.info("blk.1.attn_output.weight").ggml_type.name == TYPE[scheme]
     tensors = load_file(os.path.join(path, "model.safetensors"))
     key = {"ct-w8a8": "weight", "ct-w4a16": "weight_packed", "ct-w4a16-asym": "weight_packed",
+           "ct-w4a16-actorder": "weight_packed",
            "ct-w8a16": "weight_packed"}.get(scheme, "qweight")
     dtype = torch.int8 if scheme == "ct-w8a8" else torch.int32
     assert tensors[f"model.layers.1.self_attn.o_proj.{key}"].dtype == dtype
@@ -79,12 +81,14 @@ def test_gptq_weights_are_exact(gptq_folder):
         q = nib.transpose(0, 2, 1).reshape(-1, words.shape[1]).astype(np.float32)
         z = zn.reshape(zw.shape[0], -1).astype(np.float32) + 1
     s = t[p + "scales"].numpy().astype(np.float32)
-    g = np.arange(q.shape[0]) // 128
+    g = t[p + "g_idx"].numpy() if p + "g_idx" in t else np.arange(q.shape[0]) // 128
     want = ((q - z[g]) * s[g]).T
     ws = open_weights(path)
     info = ws.info("blk.1.attn_output.weight")
+    perm = ws.in_perm("blk.1.attn_output.weight")  # act-order: the inputs stored sorted by group
     got = QuantLinear.from_raw(info.ggml_type, ws.raw("blk.1.attn_output.weight"), info.shape).dequantize()
-    np.testing.assert_array_equal(got, want)
+    assert (perm is not None) == scheme.endswith("actorder")
+    np.testing.assert_array_equal(got, want if perm is None else want[:, perm])
 
 
 def _ct_weights_are_exact(scheme, path):
@@ -106,11 +110,14 @@ def _ct_weights_are_exact(scheme, path):
         zn = np.stack([(zw >> (bits * j)) & ((1 << bits) - 1) for j in range(32 // bits)], 1)
         z = zn.reshape(-1, zw.shape[1]).astype(np.float32) - off
     group = q.shape[1] // s.shape[1]
-    want = (q - np.repeat(z, group, 1)) * np.repeat(s, group, 1)
+    g = t[p + "weight_g_idx"].numpy() if p + "weight_g_idx" in t else np.arange(q.shape[1]) // group
+    want = (q - z[:, g]) * s[:, g]
     ws = open_weights(path)
     info = ws.info("blk.1.attn_output.weight")
+    perm = ws.in_perm("blk.1.attn_output.weight")  # act-order: the inputs stored sorted by group
     got = QuantLinear.from_raw(info.ggml_type, ws.raw("blk.1.attn_output.weight"), info.shape).dequantize()
-    np.testing.assert_array_equal(got, want)
+    assert (perm is not None) == scheme.endswith("actorder")
+    np.testing.assert_array_equal(got, want if perm is None else want[:, perm])
 
 
 @pytest.fixture(scope="module")
@@ -126,9 +133,10 @@ def _asym(t):
     t[key] = t[key] + 1  # zero points of 9: asymmetric
 
 
-def _act_order(t):
+def _uneven_groups(t):
     key = "model.layers.0.mlp.up_proj.g_idx"
-    t[key] = torch.flip(t[key], [0]).contiguous()
+    t[key] = t[key].clone()
+    t[key][0] = 1  # group 0 keeps 127 inputs, group 1 gets 129: not act-order's whole groups
 
 
 @pytest.mark.parametrize("config, tensors, message", [
@@ -137,9 +145,40 @@ def _act_order(t):
     (lambda qc: {"quant_method": "awq", "bits": 4, "version": "gemv"}, None, "awq version 'gemv' is not supported"),
     (lambda qc: {**qc, "group_size": 48}, None, "gptq group_size 48 is not supported"),
     (None, _asym, "zero points other than 8 in a symmetric checkpoint"),
-    (None, _act_order, "act-order"),
+    (None, _uneven_groups, "does not give each group 128 inputs"),
     (None, lambda t: t.pop("model.layers.1.self_attn.k_proj.scales"), "missing tensor 'model.layers.1.self_attn.k_proj.scales'"),
 ])
 def test_unsupported_or_broken_gptq_is_refused(q4_folder, tmp_path, config, tensors, message):
     with pytest.raises(ModelLoadError, match=message):
         load_model(edited_copy(q4_folder, tmp_path, config, tensors))
+
+
+@pytest.fixture(scope="module")
+def actorder_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gptq-actorder")
+    src, dst = str(root / "float"), str(root / "gptq")
+    tiny_model("llama").save_pretrained(src, safe_serialization=True)
+    decoded = write_quantized_folder(src, dst, "gptq-4-actorder")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(reference_folder(src, str(root / "ref"), decoded),
+                                                            dtype=torch.float32, attn_implementation="eager").eval()
+    return dst, ref
+
+
+@pytest.mark.parametrize("weight_dtype", ["packed", "float32"])
+def test_act_order_layers_on_the_device_path(actorder_folder, weight_dtype):
+    """Act-order layers placed on a device (torch's CPU device here) gather their inputs as the CPU path does: float
+    activations there, so transformers' logits on the decoded weights to float32 rounding."""
+    from tests.offload.helpers import PROMPTS as prompts, batched, incremental, placed
+    path, ref = actorder_folder
+    model, runner, p, _ = placed(path, n_gpu_layers="all", gpu_weight_dtype=weight_dtype)
+    for got, prompt in zip(batched(runner, prompts) + [incremental(runner, prompts[0])], prompts + prompts[:1]):
+        want = hf_logits(ref, prompt).numpy()
+        err = float(np.abs(got - want).max() / np.abs(want).max())
+        assert err < 1e-3, err
+
+
+def test_act_order_experts_are_refused(tmp_path):
+    tiny_model("qwen3moe").save_pretrained(str(tmp_path / "float"), safe_serialization=True)
+    write_quantized_folder(str(tmp_path / "float"), str(tmp_path / "gptq"), "gptq-4-actorder")
+    with pytest.raises(ModelLoadError, match="act-order .desc_act. experts are not supported yet"):
+        load_model(str(tmp_path / "gptq"))

@@ -41,7 +41,8 @@ class Part:
 
 
 def packed_linears(lins) -> bool:
-    """Every one a CPU Linear over a registered format (not a device module swapped in by an override)."""
+    """Every one a CPU Linear over a registered format (not a device module swapped in by an override) reading its
+    inputs in their own order (the fused kernels do not gather act-order inputs)."""
     from cpu_kernels.quant.packed import PACKED
     from engine.model.parts.linear import Linear
-    return all(type(lin) is Linear and lin.weight.ggml_type in PACKED for lin in lins)
+    return all(type(lin) is Linear and lin.weight.ggml_type in PACKED and lin.in_perm is None for lin in lins)

@@ -28,6 +28,7 @@ class Linear:
     def __init__(self, ws, name: str, bias: str | None = None, batch_invariant: bool = False):
         info = ws.info(name)
         n, k = info.shape[-2], info.shape[-1]
+        self.in_perm = ws.in_perm(name)  # act-order weights store their inputs in this order
         self.weight = QuantLinear.from_raw(info.ggml_type, ws.raw(name), (n, k))
         if self.weight.fmt.repack_copies:
             ws.release(name)  # repacked into RAM: the file's pages need not stay in RSS (peak RSS ~1x the file)
@@ -35,9 +36,10 @@ class Linear:
         self.batch_invariant = batch_invariant
 
     @classmethod
-    def of(cls, weight: QuantLinear, bias: np.ndarray | None = None, batch_invariant: bool = False) -> "Linear":
+    def of(cls, weight: QuantLinear, bias: np.ndarray | None = None, batch_invariant: bool = False,
+           in_perm: np.ndarray | None = None) -> "Linear":
         self = cls.__new__(cls)
-        self.weight, self.bias, self.batch_invariant = weight, bias, batch_invariant
+        self.weight, self.bias, self.batch_invariant, self.in_perm = weight, bias, batch_invariant, in_perm
         return self
 
     @property
@@ -51,6 +53,8 @@ class Linear:
         long prefill chunk may be written into (the caller's own buffer). dense_dtype: for rows that are not the
         batch's, the dense path's precision (default float32; MoE experts pass the model's, so that the formats'
         fastest prefill kernels run)."""
+        if self.in_perm is not None:
+            x = np.take(x, self.in_perm, axis=-1)
         if self.weight.nbytes * x.shape[0] >= serial_work():
             return self._matmul(x, rows, per_row, scratch, dense_dtype)  # common: no thread-count switch to enter
         with serial_if(True):
@@ -106,7 +110,8 @@ class Projections:
         for i, p in enumerate(self.parts):
             w = p.weight
             stackable = w.fmt.repack_copies and w.N % w.fmt.row_block == 0  # views stay unstacked
-            key = (w.ggml_type, w.K, p.batch_invariant) if stackable else (i,)
+            order = None if p.in_perm is None else p.in_perm.tobytes()  # one input order per matmul
+            key = (w.ggml_type, w.K, p.batch_invariant, order) if stackable else (i,)
             groups.setdefault(key, []).append(i)
         self.groups = []  # (Linear, [(part index, first column, last column)])
         for idxs in groups.values():
@@ -120,7 +125,7 @@ class Projections:
             if any(m.bias is not None for m in members):
                 bias = np.concatenate([m.bias if m.bias is not None else np.zeros(m.out_features, np.float32)
                                        for m in members])
-            fused = Linear.of(stacked, bias, members[0].batch_invariant)
+            fused = Linear.of(stacked, bias, members[0].batch_invariant, members[0].in_perm)
             spans, lo = [], 0
             for i, m in zip(idxs, members):
                 hi = lo + m.out_features
