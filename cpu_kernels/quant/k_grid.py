@@ -2,11 +2,12 @@
 formats (TQ1_0, TQ2_0) and NVFP4: 1.56-4.5 bits a weight, 256-value super-blocks (NVFP4: 64 values, four
 unsigned-e4m3 scales).
 
-The weights stay as the file has them (repack.grid_rows only groups rows 8 by 8 and pads N). A GEMV unpacks each
-8-row group once into signed bytes + 128 (grids.py's points with their signs: 8 values per three 64-bit
-operations) and a float scale per 16 values, laid out as k_iq4.py's unpacked groups (block b's quads k of the 8
-rows at 256 b + 32 k, elements 16.. 128 bytes on), then runs Q8_0's integer dots (dot.dpbusd_q8) per 16 values.
-The integer dots are exact, so each output is one float scale per 16 values away from the dequantized weights.
+The weights stay as the file has them (repack.grid_rows only groups rows 8 by 8 and pads N). A GEMV reads each
+row's super-blocks once and dots them with every activation row, an exact integer dot per 4 values times the scale
+of their 16 values. The IQ2/IQ3 types (SIGNED) build each 32-block's lattice magnitudes and +-1 signs as two vectors
+in registers (four table words each) and multiply the magnitudes by the activations with the signs applied
+(llama.cpp's way: vpdpbusd on unsigned magnitudes); the others unpack a super-block into signed bytes + 128 (one
+small unpacker per format, also what dequantizing reads) for Q8_0's dot (dot.dpbusd_q8).
 
 Scales per 16 values cover every format: IQ2_XS, IQ2_S, IQ1_M, NVFP4 have them; the others repeat their per-32 or
 per-256 scale. IQ1's values g + delta (delta = +-1/8) are held as 8 g +- 1 with the scale divided by 8 (exact).
@@ -14,14 +15,16 @@ per-256 scale. IQ1's values g + delta (delta = +-1/8) are held as 8 g +- 1 with 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
-from .dot import Q8_OFFSET, dpbusd_q8
+from .dot import Q8_OFFSET, dpbusd, dpbusd_q8
 from .grids import (GRID_IQ1_NEG, GRID_IQ1_POS, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
-                    KSIGN_MASK, SIGN_MASK)
+                    KSIGN_MASK, KSIGN_PM, SIGN_MASK, SIGN_PM)
 from .q8act import quantize_act
 from .simd import (CACHE, f16_to_f32, hsum, i8_to_f32, lanes2, load_f32x8, load_i32x8, load_u8x8, load_u8x32, muladd,
-                   store, to_f32, vmul, vshl, vsub, zero_i32x8)
+                   store, to_f32, u8x32, vmul, vshl, vsub, zero_f32x8, zero_i32x8)
 
 IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0, NVFP4 = range(10)
 TYPE_SIZE = (66, 74, 82, 98, 110, 50, 56, 54, 66, 36)  # bytes per super-block, in the order above
@@ -30,6 +33,54 @@ NVFP4_KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -1
 
 _LSB = np.uint64(0x0101010101010101)
 _HIGH = np.uint64(0x8080808080808080)
+
+
+@intrinsic
+def words_u8x32(typingctx, a, b, c, d):
+    """u8x32 of four 64-bit words (a's bytes first), built in registers."""
+    if not all(t == types.uint64 for t in (a, b, c, d)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = ir.Constant(ir.VectorType(ir.IntType(64), 4), ir.Undefined)
+        for i, w in enumerate(args):
+            v = builder.insert_element(v, w, ir.Constant(ir.IntType(32), i))
+        return builder.bitcast(v, ir.VectorType(ir.IntType(8), 32))
+    return u8x32(a, b, c, d), codegen
+
+
+def _make_load_scalar(bits: int):
+    rt = {8: types.uint8, 16: types.uint16, 32: types.uint32}[bits]
+
+    @intrinsic
+    def load(typingctx, arr, idx):
+        """The little-endian uint at byte idx of a C-contiguous uint8 array, unaligned, with no index checks."""
+        if not (isinstance(arr, types.Array) and arr.dtype == types.uint8 and isinstance(idx, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            i = context.cast(builder, args[1], sig.args[1], types.intp)
+            a = context.make_array(sig.args[0])(context, builder, args[0])
+            p = builder.bitcast(builder.gep(a.data, [i]), ir.IntType(bits).as_pointer())
+            return builder.load(p, align=1)
+        return rt(arr, idx), codegen
+    return load
+
+
+ld8, ld16, ld32 = _make_load_scalar(8), _make_load_scalar(16), _make_load_scalar(32)
+
+
+@intrinsic
+def sign_bytes(typingctx, x, s):
+    """x's int8 bytes negated where s's bytes are negative (vpsignb for signs of +-1)."""
+    if not (x == u8x32 and s == u8x32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vx, vs = args
+        zero = ir.Constant(vx.type, None)
+        return builder.select(builder.icmp_signed("<", vs, zero), builder.sub(zero, vx), vx)
+    return u8x32(x, s), codegen
 
 
 @njit(cache=CACHE)
@@ -240,6 +291,97 @@ def unpack_super(raw, o, fmt, vals, sc):
         unpack_tq2_0(raw, o, vals, sc)
 
 
+# The formats whose points are magnitudes with separate signs: their GEMV multiplies the magnitudes (below 64, so
+# unsigned bytes for vpdpbusd as they are) by the activations with the signs applied, as llama.cpp's kernels do.
+SIGNED = (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S)
+
+
+@njit(cache=CACHE)
+def signed_block(raw, o, fmt, j):
+    """(magnitudes u8x32, signs u8x32 of +-1) of 32-block j of the super-block at raw[o:] (fmt in SIGNED)."""
+    if fmt == IQ2_XXS:
+        idx = ld32(raw, o + 2 + 8 * j)
+        aux = ld32(raw, o + 6 + 8 * j)
+        return (words_u8x32(GRID_IQ2XXS[idx & 255], GRID_IQ2XXS[(idx >> 8) & 255], GRID_IQ2XXS[(idx >> 16) & 255],
+                            GRID_IQ2XXS[idx >> 24]),
+                words_u8x32(KSIGN_PM[aux & 127], KSIGN_PM[(aux >> 7) & 127], KSIGN_PM[(aux >> 14) & 127],
+                            KSIGN_PM[(aux >> 21) & 127]))
+    if fmt == IQ2_XS:
+        q0, q1 = ld16(raw, o + 2 + 8 * j), ld16(raw, o + 4 + 8 * j)
+        q2, q3 = ld16(raw, o + 6 + 8 * j), ld16(raw, o + 8 + 8 * j)
+        return (words_u8x32(GRID_IQ2XS[q0 & 511], GRID_IQ2XS[q1 & 511], GRID_IQ2XS[q2 & 511], GRID_IQ2XS[q3 & 511]),
+                words_u8x32(KSIGN_PM[q0 >> 9], KSIGN_PM[q1 >> 9], KSIGN_PM[q2 >> 9], KSIGN_PM[q3 >> 9]))
+    if fmt == IQ2_S:
+        qh = np.uint32(ld8(raw, o + 66 + j))
+        q = ld32(raw, o + 2 + 4 * j)
+        sg = ld32(raw, o + 34 + 4 * j)
+        return (words_u8x32(GRID_IQ2S[(q & 255) | ((qh & 3) << 8)], GRID_IQ2S[((q >> 8) & 255) | ((qh & 12) << 6)],
+                            GRID_IQ2S[((q >> 16) & 255) | ((qh & 48) << 4)], GRID_IQ2S[(q >> 24) | ((qh & 192) << 2)]),
+                words_u8x32(SIGN_PM[sg & 255], SIGN_PM[(sg >> 8) & 255], SIGN_PM[(sg >> 16) & 255], SIGN_PM[sg >> 24]))
+    if fmt == IQ3_XXS:
+        lo, hi = ld32(raw, o + 2 + 8 * j), ld32(raw, o + 6 + 8 * j)
+        aux = ld32(raw, o + 66 + 4 * j)
+        return (words_u8x32(pair3(GRID_IQ3XXS, lo & 255, (lo >> 8) & 255),
+                            pair3(GRID_IQ3XXS, (lo >> 16) & 255, lo >> 24),
+                            pair3(GRID_IQ3XXS, hi & 255, (hi >> 8) & 255),
+                            pair3(GRID_IQ3XXS, (hi >> 16) & 255, hi >> 24)),
+                words_u8x32(KSIGN_PM[aux & 127], KSIGN_PM[(aux >> 7) & 127], KSIGN_PM[(aux >> 14) & 127],
+                            KSIGN_PM[(aux >> 21) & 127]))
+    # IQ3_S: 8 points of 9-bit indices (qh byte j holds their high bits)
+    qh = np.uint32(ld8(raw, o + 66 + j))
+    lo, hi = ld32(raw, o + 2 + 8 * j), ld32(raw, o + 6 + 8 * j)
+    sg = ld32(raw, o + 74 + 4 * j)
+    return (words_u8x32(iq3s_pair(lo, qh), iq3s_pair(lo >> 16, qh >> 2), iq3s_pair(hi, qh >> 4),
+                        iq3s_pair(hi >> 16, qh >> 6)),
+            words_u8x32(SIGN_PM[sg & 255], SIGN_PM[(sg >> 8) & 255], SIGN_PM[(sg >> 16) & 255], SIGN_PM[sg >> 24]))
+
+
+@njit(cache=CACHE)
+def iq3s_pair(q, qh):
+    """Two IQ3_S points as one word: their low index bytes in q's low 16 bits, their high bits qh's bits 0 and 1."""
+    return pair3(GRID_IQ3S, (q & 255) | ((qh & 1) << 8), ((q >> 8) & 255) | ((qh & 2) << 7))
+
+
+@njit(cache=CACHE)
+def signed_rows(row, r, ns, ts, fmt, xq, xd, accs, sc):
+    """accs[8 m:8 m + 8] = lane sums of activation row m against weight row r (fmt in SIGNED)."""
+    M, K = xq.shape
+    acc = zero_f32x8()  # one activation row: its sums stay in a register (the same operations as through accs)
+    for s in range(ns):
+        o = (r * ns + s) * ts
+        super_scales(row, o, fmt, sc)
+        for j in range(8):
+            mags, signs = signed_block(row, o, fmt, j)
+            scale = lanes2(load_f32x8(sc, 8 * (j >> 2)), j & 3)
+            b = 8 * s + j
+            if M == 1:
+                iv = dpbusd(zero_i32x8(), mags, sign_bytes(load_u8x32(xq, 32 * b), signs))
+                acc = muladd(acc, to_f32(iv), vmul(scale, xd[0, b]))
+                continue
+            for m in range(M):
+                iv = dpbusd(zero_i32x8(), mags, sign_bytes(load_u8x32(xq, m * K + 32 * b), signs))
+                store(accs, 8 * m, muladd(load_f32x8(accs, 8 * m), to_f32(iv), vmul(scale, xd[m, b])))
+    if M == 1:
+        store(accs, 0, acc)
+
+
+@njit(cache=CACHE)
+def super_scales(raw, o, fmt, sc):
+    """sc (16 float32): the scale of each 16 values of the super-block at raw[o:] (fmt in SIGNED)."""
+    if fmt == IQ2_XS or fmt == IQ2_S:
+        nibble_scales(raw, o + (66 if fmt == IQ2_XS else 74), half(raw, o), sc)
+        return
+    d = half(raw, o)
+    for ib in range(8):
+        if fmt == IQ3_S:
+            db = d * np.float32(1 + 2 * ((np.int32(raw[o + 106 + (ib >> 1)]) >> (4 * (ib & 1))) & 15))
+        else:
+            aux = u32(raw, o + (2 + 8 * ib + 4 if fmt == IQ2_XXS else 66 + 4 * ib))
+            db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25 if fmt == IQ2_XXS else 0.5)
+        sc[2 * ib] = db
+        sc[2 * ib + 1] = db
+
+
 @njit(cache=CACHE)
 def block_dot(b8, sc, xq, xd, xn4, m, b, j, acc):
     """acc + row m's activations of 32-block b against the unpacked block j of the super-block in b8 / sc: an exact
@@ -266,6 +408,11 @@ def grid_gemv(w, x, out, fmt):
         row = w[g]
         for r in range(min(8, N - 8 * g)):
             accs[:] = 0
+            if fmt in SIGNED:
+                signed_rows(row, r, ns, ts, fmt, xq, xd, accs, sc)
+                for m in range(M):
+                    out[m, 8 * g + r] = hsum(load_f32x8(accs, 8 * m))
+                continue
             for s in range(ns):
                 unpack_super(row, (r * ns + s) * ts, fmt, vals, sc)
                 for m in range(M):
