@@ -24,7 +24,7 @@ from .grids import (GRID_IQ1_NEG, GRID_IQ1_POS, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2X
                     KSIGN_MASK, KSIGN_PM, SIGN_MASK, SIGN_PM)
 from .q8act import quantize_act
 from .simd import (CACHE, f16_to_f32, hsum, i8_to_f32, lanes2, load_f32x8, load_i32x8, load_u8x8, load_u8x32, muladd,
-                   store, to_f32, u8x32, vmul, vshl, vsub, zero_f32x8, zero_i32x8)
+                   pair16, store, to_f32, u8x32, vmul, vshl, vsub, zero_f32x8, zero_i32x8)
 
 IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0, NVFP4 = range(10)
 TYPE_SIZE = (66, 74, 82, 98, 110, 50, 56, 54, 66, 36)  # bytes per super-block, in the order above
@@ -343,24 +343,32 @@ def iq3s_pair(q, qh):
 
 
 @njit(cache=CACHE)
-def signed_rows(row, r, ns, ts, fmt, xq, xd, accs, sc):
-    """accs[8 m:8 m + 8] = lane sums of activation row m against weight row r (fmt in SIGNED)."""
+def signed_rows(row, r, ns, ts, fmt, xq, xd, accs, sc, vb):
+    """accs[8 m:8 m + 8] = lane sums of activation row m against weight row r (fmt in SIGNED); vb: 512 bytes of
+    scratch (a super-block's vectors, built once for every activation row)."""
     M, K = xq.shape
     acc = zero_f32x8()  # one activation row: its sums stay in a register (the same operations as through accs)
     for s in range(ns):
         o = (r * ns + s) * ts
         super_scales(row, o, fmt, sc)
+        if M == 1:
+            for j in range(8):
+                mags, signs = signed_block(row, o, fmt, j)
+                iv = dpbusd(zero_i32x8(), mags, sign_bytes(load_u8x32(xq, 256 * s + 32 * j), signs))
+                acc = muladd(acc, to_f32(iv), vmul(lanes2(load_f32x8(sc, 8 * (j >> 2)), j & 3), xd[0, 8 * s + j]))
+            continue
         for j in range(8):
             mags, signs = signed_block(row, o, fmt, j)
-            scale = lanes2(load_f32x8(sc, 8 * (j >> 2)), j & 3)
-            b = 8 * s + j
-            if M == 1:
-                iv = dpbusd(zero_i32x8(), mags, sign_bytes(load_u8x32(xq, 32 * b), signs))
-                acc = muladd(acc, to_f32(iv), vmul(scale, xd[0, b]))
-                continue
-            for m in range(M):
-                iv = dpbusd(zero_i32x8(), mags, sign_bytes(load_u8x32(xq, m * K + 32 * b), signs))
-                store(accs, 8 * m, muladd(load_f32x8(accs, 8 * m), to_f32(iv), vmul(scale, xd[m, b])))
+            store(vb, 64 * j, mags)
+            store(vb, 64 * j + 32, signs)
+        for m in range(M):
+            a = load_f32x8(accs, 8 * m)
+            for j in range(8):
+                b = 8 * s + j
+                x = sign_bytes(load_u8x32(xq, m * K + 32 * b), load_u8x32(vb, 64 * j + 32))
+                iv = dpbusd(zero_i32x8(), load_u8x32(vb, 64 * j), x)
+                a = muladd(a, to_f32(iv), vmul(lanes2(load_f32x8(sc, 8 * (j >> 2)), j & 3), xd[m, b]))
+            store(accs, 8 * m, a)
     if M == 1:
         store(accs, 0, acc)
 
@@ -404,12 +412,12 @@ def grid_gemv(w, x, out, fmt):
     ns, nj = K // sv, sv // 32
     for g in prange(w.shape[0]):
         vals, sc, accs = np.empty(32, np.uint64), np.empty(16, np.float32), np.empty(8 * M, np.float32)
-        b8 = vals.view(np.uint8)
+        b8, vb = vals.view(np.uint8), np.empty(512, np.uint8)
         row = w[g]
         for r in range(min(8, N - 8 * g)):
             accs[:] = 0
             if fmt in SIGNED:
-                signed_rows(row, r, ns, ts, fmt, xq, xd, accs, sc)
+                signed_rows(row, r, ns, ts, fmt, xq, xd, accs, sc, vb)
                 for m in range(M):
                     out[m, 8 * g + r] = hsum(load_f32x8(accs, 8 * m))
                 continue
@@ -435,6 +443,14 @@ def grid_deq(w, rows, out, fmt):
         vals, sc = np.empty(32, np.uint64), np.empty(16, np.float32)
         b8 = vals.view(np.uint8)
         for s in range(ns):
+            if fmt in SIGNED:  # the GEMV's vectors: scale times magnitude with its sign, 32 values a store
+                o = r * ns * ts + s * ts
+                super_scales(w[g], o, fmt, sc)
+                for j in range(8):
+                    mags, signs = signed_block(w[g], o, fmt, j)
+                    store(out, t * K + 256 * s + 32 * j, vmul(i8_to_f32(sign_bytes(mags, signs)),
+                                                              pair16(sc[2 * j], sc[2 * j + 1])))
+                continue
             unpack_super(w[g], r * ns * ts + s * ts, fmt, vals, sc)
             for j in range(sv // 8):
                 q = i8_to_f32(vsub(load_u8x8(b8, 8 * j), 128))
