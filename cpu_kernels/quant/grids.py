@@ -2,8 +2,8 @@
 
 The tables are the formats' published constants (ggml-common.h's iq2xxs_grid, ksigns_iq2xs, ...); they are taken
 from gguf-py's copies (its quants classes hold them hex-packed) and laid out here as one integer per grid point:
-the 8 (IQ3: 4) magnitude bytes of a point, element i in byte i, so a point and a sign mask make 8 signed bytes
-with three 64-bit operations (k_grid.signed_bytes).
+the 8 (IQ3: 4) magnitude bytes of a point, element i in byte i; four such words make a 32-value vector
+(k_grid.signed_block), and the sign tables give the matching +-1 bytes.
 """
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from .dot import Q8_OFFSET, dpbusd, dpbusd_q8
-from .grids import (GRID_IQ1_NEG, GRID_IQ1_POS, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS,
-                    KSIGN_MASK, KSIGN_PM, SIGN_MASK, SIGN_PM)
+from .grids import (GRID_IQ1_NEG, GRID_IQ1_POS, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS, KSIGN_PM,
+                    SIGN_PM)
 from .q8act import quantize_act
 from .simd import (CACHE, f16_to_f32, hsum, i8_to_f32, lanes2, load_f32x8, load_i32x8, load_u8x8, load_u8x32, muladd,
                    pair16, store, to_f32, u8x32, vmul, vshl, vsub, zero_f32x8, zero_i32x8)
@@ -30,9 +30,6 @@ IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0, NVFP4 = rang
 TYPE_SIZE = (66, 74, 82, 98, 110, 50, 56, 54, 66, 36)  # bytes per super-block, in the order above
 SUPER = (256, 256, 256, 256, 256, 256, 256, 256, 256, 64)  # values per super-block
 NVFP4_KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int32)  # e2m1, doubled
-
-_LSB = np.uint64(0x0101010101010101)
-_HIGH = np.uint64(0x8080808080808080)
 
 
 @intrinsic
@@ -84,19 +81,6 @@ def sign_bytes(typingctx, x, s):
 
 
 @njit(cache=CACHE)
-def masked_bytes(mag, s):
-    """8 magnitude bytes (nonzero) with the bytes where the mask s is 0xFF negated, each byte + 128: ((m ^ s) +
-    (s & 1)) negates the masked bytes without carries, ^ 0x80 adds 128."""
-    return (((mag ^ s) + (s & _LSB)) ^ _HIGH)
-
-
-@njit(cache=CACHE)
-def signed_bytes(mag, sign_bits):
-    """masked_bytes with the elements of the set bits of a sign byte negated."""
-    return masked_bytes(mag, SIGN_MASK[sign_bits])
-
-
-@njit(cache=CACHE)
 def u16(raw, o):
     return np.uint32(raw[o]) | (np.uint32(raw[o + 1]) << np.uint32(8))
 
@@ -123,66 +107,6 @@ def nibble_scales(raw, o, d, sc):
     for i in range(16):
         s = (np.int32(raw[o + (i >> 1)]) >> (4 * (i & 1))) & 15
         sc[i] = d * (np.float32(0.5) + np.float32(s)) * np.float32(0.25)
-
-
-@njit(cache=CACHE)
-def unpack_iq2_xxs(raw, o, vals, sc):
-    d = half(raw, o)
-    for ib in range(8):
-        q = o + 2 + 8 * ib
-        aux = u32(raw, q + 4)
-        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25)
-        sc[2 * ib] = db
-        sc[2 * ib + 1] = db
-        for l in range(4):
-            vals[4 * ib + l] = masked_bytes(GRID_IQ2XXS[raw[q + l]], KSIGN_MASK[(aux >> (7 * l)) & 127])
-
-
-@njit(cache=CACHE)
-def unpack_iq2_xs(raw, o, vals, sc):
-    d = half(raw, o)
-    for j in range(32):
-        q = u16(raw, o + 2 + 2 * j)
-        vals[j] = masked_bytes(GRID_IQ2XS[q & 511], KSIGN_MASK[q >> 9])
-    nibble_scales(raw, o + 66, d, sc)
-
-
-@njit(cache=CACHE)
-def unpack_iq2_s(raw, o, vals, sc):
-    d = half(raw, o)
-    for j in range(32):
-        idx = np.int32(raw[o + 2 + j]) | (((np.int32(raw[o + 66 + (j >> 2)]) >> (2 * (j & 3))) & 3) << 8)
-        vals[j] = signed_bytes(GRID_IQ2S[idx], raw[o + 34 + j])
-    nibble_scales(raw, o + 74, d, sc)
-
-
-@njit(cache=CACHE)
-def unpack_iq3_xxs(raw, o, vals, sc):
-    d = half(raw, o)
-    for ib in range(8):
-        aux = u32(raw, o + 66 + 4 * ib)
-        db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.5)
-        sc[2 * ib] = db
-        sc[2 * ib + 1] = db
-        for l in range(4):
-            q = o + 2 + 8 * ib + 2 * l
-            vals[4 * ib + l] = masked_bytes(pair3(GRID_IQ3XXS, raw[q], raw[q + 1]), KSIGN_MASK[(aux >> (7 * l)) & 127])
-
-
-@njit(cache=CACHE)
-def unpack_iq3_s(raw, o, vals, sc):
-    d = half(raw, o)
-    for j in range(32):
-        i0, i1 = 2 * j, 2 * j + 1
-        h0 = (np.int32(raw[o + 66 + (i0 >> 3)]) >> (i0 & 7)) & 1
-        h1 = (np.int32(raw[o + 66 + (i1 >> 3)]) >> (i1 & 7)) & 1
-        mag = pair3(GRID_IQ3S, np.int32(raw[o + 2 + i0]) | (h0 << 8), np.int32(raw[o + 2 + i1]) | (h1 << 8))
-        vals[j] = signed_bytes(mag, raw[o + 74 + j])
-    for ib in range(8):
-        s = (np.int32(raw[o + 106 + (ib >> 1)]) >> (4 * (ib & 1))) & 15
-        db = d * np.float32(1 + 2 * s)
-        sc[2 * ib] = db
-        sc[2 * ib + 1] = db
 
 
 @njit(cache=CACHE)
@@ -265,21 +189,12 @@ def unpack_tq2_0(raw, o, vals, sc):
             w |= np.uint64(q + 127) << np.uint64(8 * i)
         vals[j] = w
 
+
 @njit(cache=CACHE)
 def unpack_super(raw, o, fmt, vals, sc):
-    """The super-block at raw[o:]: vals (32 uint64) its values + 128, 8 a word (element i in byte i), sc (16
-    float32) the scale of each 16 values (NVFP4: the first 8 and 4)."""
-    if fmt == IQ2_XXS:
-        unpack_iq2_xxs(raw, o, vals, sc)
-    elif fmt == IQ2_XS:
-        unpack_iq2_xs(raw, o, vals, sc)
-    elif fmt == IQ2_S:
-        unpack_iq2_s(raw, o, vals, sc)
-    elif fmt == IQ3_XXS:
-        unpack_iq3_xxs(raw, o, vals, sc)
-    elif fmt == IQ3_S:
-        unpack_iq3_s(raw, o, vals, sc)
-    elif fmt == IQ1_S:
+    """The super-block at raw[o:] of the formats not in SIGNED: vals (32 uint64) its values + 128, 8 a word
+    (element i in byte i), sc (16 float32) the scale of each 16 values (NVFP4: the first 8 and 4)."""
+    if fmt == IQ1_S:
         unpack_iq1_s(raw, o, vals, sc)
     elif fmt == IQ1_M:
         unpack_iq1_m(raw, o, vals, sc)
