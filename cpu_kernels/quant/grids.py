@@ -37,7 +37,9 @@ GRID_IQ2S = _pack(_points(quants.IQ2_S), np.uint64)      # 1024
 GRID_IQ3XXS = _pack(_points(quants.IQ3_XXS), np.uint32)  # 256 points of 4 magnitudes 4..62
 GRID_IQ3S = _pack(_points(quants.IQ3_S), np.uint32)      # 512 points of 4 magnitudes 1..15
 # IQ1: points of 8 values in {-1, 0, 1} plus a delta of +-1/8 per 8 values, held as 8 * value +- 1 (then times
-# the scale / 8, exact): bytes 8 v + 1 + 128 (delta +) and 8 v - 1 + 128 (delta -), ready for the unsigned dot.
+# the scale / 8, exact), as magnitudes and +-1 signs like the other grids: delta + (POS) and delta - (NEG).
 _IQ1 = _points(quants.IQ1_S)
-GRID_IQ1_POS = _pack(8 * _IQ1 + 1 + 128, np.uint64)
-GRID_IQ1_NEG = _pack(8 * _IQ1 - 1 + 128, np.uint64)
+GRID_IQ1_POS_MAG, GRID_IQ1_POS_SGN = (_pack(np.abs(8 * _IQ1 + 1), np.uint64),
+                                      _pack(np.where(8 * _IQ1 + 1 < 0, -1, 1), np.uint64))
+GRID_IQ1_NEG_MAG, GRID_IQ1_NEG_SGN = (_pack(np.abs(8 * _IQ1 - 1), np.uint64),
+                                      _pack(np.where(8 * _IQ1 - 1 < 0, -1, 1), np.uint64))

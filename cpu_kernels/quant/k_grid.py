@@ -4,10 +4,10 @@ unsigned-e4m3 scales).
 
 The weights stay as the file has them (repack.grid_rows only groups rows 8 by 8 and pads N). A GEMV reads each
 row's super-blocks once and dots them with every activation row, an exact integer dot per 4 values times the scale
-of their 16 values. The IQ2/IQ3 types (SIGNED) build each 32-block's lattice magnitudes and +-1 signs as two vectors
-in registers (four table words each) and multiply the magnitudes by the activations with the signs applied
-(llama.cpp's way: vpdpbusd on unsigned magnitudes); the others unpack a super-block into signed bytes + 128 (one
-small unpacker per format, also what dequantizing reads) for Q8_0's dot (dot.dpbusd_q8).
+of their 16 values. The IQ1/IQ2/IQ3 types (SIGNED) build each 32-block's lattice magnitudes and +-1 signs as two
+vectors in registers (four table words each) and multiply the magnitudes by the activations with the signs applied
+(llama.cpp's way: vpdpbusd on unsigned magnitudes); TQ1_0, TQ2_0 and NVFP4 unpack a super-block into signed bytes +
+128 (one small unpacker per format, also what dequantizing reads) for Q8_0's dot (dot.dpbusd_q8).
 
 Scales per 16 values cover every format: IQ2_XS, IQ2_S, IQ1_M, NVFP4 have them; the others repeat their per-32 or
 per-256 scale. IQ1's values g + delta (delta = +-1/8) are held as 8 g +- 1 with the scale divided by 8 (exact).
@@ -20,8 +20,8 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from .dot import Q8_OFFSET, dpbusd, dpbusd_q8
-from .grids import (GRID_IQ1_NEG, GRID_IQ1_POS, GRID_IQ2S, GRID_IQ2XS, GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS, KSIGN_PM,
-                    SIGN_PM)
+from .grids import (GRID_IQ1_NEG_MAG, GRID_IQ1_NEG_SGN, GRID_IQ1_POS_MAG, GRID_IQ1_POS_SGN, GRID_IQ2S, GRID_IQ2XS,
+                    GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS, KSIGN_PM, SIGN_PM)
 from .q8act import quantize_act
 from .simd import (CACHE, f16_to_f32, hsum, i8_to_f32, lanes2, load_f32x8, load_i32x8, load_u8x8, load_u8x32, muladd,
                    pair16, store, to_f32, u8x32, vmul, vshl, vsub, zero_f32x8, zero_i32x8)
@@ -110,34 +110,6 @@ def nibble_scales(raw, o, d, sc):
 
 
 @njit(cache=CACHE)
-def unpack_iq1_s(raw, o, vals, sc):
-    d = half(raw, o)
-    for ib in range(8):
-        qh = np.int32(u16(raw, o + 34 + 2 * ib))
-        dl = d * np.float32(2 * ((qh >> 12) & 7) + 1) * np.float32(0.125)
-        sc[2 * ib] = dl
-        sc[2 * ib + 1] = dl
-        grid = GRID_IQ1_NEG if qh & 0x8000 else GRID_IQ1_POS
-        for l in range(4):
-            vals[4 * ib + l] = grid[np.int32(raw[o + 2 + 4 * ib + l]) | (((qh >> (3 * l)) & 7) << 8)]
-
-
-@njit(cache=CACHE)
-def unpack_iq1_m(raw, o, vals, sc):
-    s0, s1, s2, s3 = u16(raw, o + 48), u16(raw, o + 50), u16(raw, o + 52), u16(raw, o + 54)
-    bits = (s0 >> 12) | ((s1 >> 8) & 0xF0) | ((s2 >> 4) & 0xF00) | (s3 & 0xF000)
-    d = f16_to_f32(np.uint16(bits))
-    for i in range(16):
-        w = u16(raw, o + 48 + 2 * (i >> 2))
-        s = (np.int32(w) >> (3 * (i & 3))) & 7
-        sc[i] = d * np.float32(2 * s + 1) * np.float32(0.125)
-    for j in range(32):
-        qh = (np.int32(raw[o + 32 + (j >> 1)]) >> (4 * (j & 1))) & 15
-        grid = GRID_IQ1_NEG if qh & 8 else GRID_IQ1_POS
-        vals[j] = grid[np.int32(raw[o + j]) | ((qh & 7) << 8)]
-
-
-@njit(cache=CACHE)
 def unpack_tq1_0(raw, o, vals, sc):
     d = half(raw, o + 52)
     for i in range(16):
@@ -194,11 +166,7 @@ def unpack_tq2_0(raw, o, vals, sc):
 def unpack_super(raw, o, fmt, vals, sc):
     """The super-block at raw[o:] of the formats not in SIGNED: vals (32 uint64) its values + 128, 8 a word
     (element i in byte i), sc (16 float32) the scale of each 16 values (NVFP4: the first 8 and 4)."""
-    if fmt == IQ1_S:
-        unpack_iq1_s(raw, o, vals, sc)
-    elif fmt == IQ1_M:
-        unpack_iq1_m(raw, o, vals, sc)
-    elif fmt == TQ1_0:
+    if fmt == TQ1_0:
         unpack_tq1_0(raw, o, vals, sc)
     elif fmt == NVFP4:
         unpack_nvfp4(raw, o, vals, sc)
@@ -208,7 +176,7 @@ def unpack_super(raw, o, fmt, vals, sc):
 
 # The formats whose points are magnitudes with separate signs: their GEMV multiplies the magnitudes (below 64, so
 # unsigned bytes for vpdpbusd as they are) by the activations with the signs applied, as llama.cpp's kernels do.
-SIGNED = (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S)
+SIGNED = (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)
 
 
 @njit(cache=CACHE)
@@ -242,6 +210,23 @@ def signed_block(raw, o, fmt, j):
                             pair3(GRID_IQ3XXS, (hi >> 16) & 255, hi >> 24)),
                 words_u8x32(KSIGN_PM[aux & 127], KSIGN_PM[(aux >> 7) & 127], KSIGN_PM[(aux >> 14) & 127],
                             KSIGN_PM[(aux >> 21) & 127]))
+    if fmt == IQ1_S:  # 11-bit indices: 8 from qs, 3 from qh's 12 low bits; qh's top bit picks the delta's sign
+        qh = np.uint32(ld16(raw, o + 34 + 2 * j))
+        q = ld32(raw, o + 2 + 4 * j)
+        i0, i1 = (q & 255) | ((qh & 7) << 8), ((q >> 8) & 255) | (((qh >> 3) & 7) << 8)
+        i2, i3 = ((q >> 16) & 255) | (((qh >> 6) & 7) << 8), (q >> 24) | (((qh >> 9) & 7) << 8)
+        if qh & 0x8000:
+            return (words_u8x32(GRID_IQ1_NEG_MAG[i0], GRID_IQ1_NEG_MAG[i1], GRID_IQ1_NEG_MAG[i2], GRID_IQ1_NEG_MAG[i3]),
+                    words_u8x32(GRID_IQ1_NEG_SGN[i0], GRID_IQ1_NEG_SGN[i1], GRID_IQ1_NEG_SGN[i2], GRID_IQ1_NEG_SGN[i3]))
+        return (words_u8x32(GRID_IQ1_POS_MAG[i0], GRID_IQ1_POS_MAG[i1], GRID_IQ1_POS_MAG[i2], GRID_IQ1_POS_MAG[i3]),
+                words_u8x32(GRID_IQ1_POS_SGN[i0], GRID_IQ1_POS_SGN[i1], GRID_IQ1_POS_SGN[i2], GRID_IQ1_POS_SGN[i3]))
+    if fmt == IQ1_M:  # per 8 values a nibble of qh: 3 index bits and the delta's sign
+        qh = np.uint32(ld16(raw, o + 32 + 2 * j))
+        q = ld32(raw, o + 4 * j)
+        return (words_u8x32(iq1m_word(q, qh, 0, True), iq1m_word(q, qh, 1, True), iq1m_word(q, qh, 2, True),
+                            iq1m_word(q, qh, 3, True)),
+                words_u8x32(iq1m_word(q, qh, 0, False), iq1m_word(q, qh, 1, False), iq1m_word(q, qh, 2, False),
+                            iq1m_word(q, qh, 3, False)))
     # IQ3_S: 8 points of 9-bit indices (qh byte j holds their high bits)
     qh = np.uint32(ld8(raw, o + 66 + j))
     lo, hi = ld32(raw, o + 2 + 8 * j), ld32(raw, o + 6 + 8 * j)
@@ -249,6 +234,16 @@ def signed_block(raw, o, fmt, j):
     return (words_u8x32(iq3s_pair(lo, qh), iq3s_pair(lo >> 16, qh >> 2), iq3s_pair(hi, qh >> 4),
                         iq3s_pair(hi >> 16, qh >> 6)),
             words_u8x32(SIGN_PM[sg & 255], SIGN_PM[(sg >> 8) & 255], SIGN_PM[(sg >> 16) & 255], SIGN_PM[sg >> 24]))
+
+
+@njit(cache=CACHE)
+def iq1m_word(q, qh, l, mag):
+    """IQ1_M point l of a 32-block (index byte l of q, nibble l of qh): its magnitudes (mag) or its signs."""
+    nib = (qh >> (4 * l)) & 15
+    i = ((q >> (8 * l)) & 255) | ((nib & 7) << 8)
+    if nib & 8:
+        return GRID_IQ1_NEG_MAG[i] if mag else GRID_IQ1_NEG_SGN[i]
+    return GRID_IQ1_POS_MAG[i] if mag else GRID_IQ1_POS_SGN[i]
 
 
 @njit(cache=CACHE)
@@ -294,7 +289,20 @@ def super_scales(raw, o, fmt, sc):
     if fmt == IQ2_XS or fmt == IQ2_S:
         nibble_scales(raw, o + (66 if fmt == IQ2_XS else 74), half(raw, o), sc)
         return
+    if fmt == IQ1_M:  # its fp16 d is the top nibbles of the four 16-bit scale words, which hold 3-bit scales
+        s0, s1, s2, s3 = u16(raw, o + 48), u16(raw, o + 50), u16(raw, o + 52), u16(raw, o + 54)
+        d = f16_to_f32(np.uint16((s0 >> 12) | ((s1 >> 8) & 0xF0) | ((s2 >> 4) & 0xF00) | (s3 & 0xF000)))
+        for i in range(16):
+            s = (np.int32(u16(raw, o + 48 + 2 * (i >> 2))) >> (3 * (i & 3))) & 7
+            sc[i] = d * np.float32(2 * s + 1) * np.float32(0.125)
+        return
     d = half(raw, o)
+    if fmt == IQ1_S:  # values 8 g +- 1: the scale / 8 (exact)
+        for ib in range(8):
+            dl = d * np.float32(2 * ((np.int32(u16(raw, o + 34 + 2 * ib)) >> 12) & 7) + 1) * np.float32(0.125)
+            sc[2 * ib] = dl
+            sc[2 * ib + 1] = dl
+        return
     for ib in range(8):
         if fmt == IQ3_S:
             db = d * np.float32(1 + 2 * ((np.int32(raw[o + 106 + (ib >> 1)]) >> (4 * (ib & 1))) & 15))
