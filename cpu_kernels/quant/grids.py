@@ -25,12 +25,9 @@ def _pack(values: np.ndarray, dtype) -> np.ndarray:
 
 
 KSIGNS = np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8).copy()  # 7-bit index -> 8 sign bits (even parity)
-# sign byte -> a mask with 0xFF in the bytes whose bit is set (the negated elements)
-SIGN_MASK = np.array([sum(0xFF << (8 * i) for i in range(8) if s >> i & 1) for s in range(256)], np.uint64)
-KSIGN_MASK = SIGN_MASK[KSIGNS]  # 7-bit sign index -> its mask (one lookup, not two)
-# The same signs as bytes +1 / -1 (0x01 / 0xFF), which multiply the activations instead of the weights.
-SIGN_PM = SIGN_MASK | np.uint64(0x0101010101010101)
-KSIGN_PM = KSIGN_MASK | np.uint64(0x0101010101010101)
+# sign byte -> its signs as bytes +1 / -1 (0x01 / 0xFF, bit i for element i), which multiply the activations
+SIGN_PM = np.array([sum((0xFF if s >> i & 1 else 0x01) << (8 * i) for i in range(8)) for s in range(256)], np.uint64)
+KSIGN_PM = SIGN_PM[KSIGNS]  # 7-bit sign index -> its +-1 bytes (one lookup, not two)
 GRID_IQ2XXS = _pack(_points(quants.IQ2_XXS), np.uint64)  # 256 points of 8 magnitudes in {8, 25, 43}
 GRID_IQ2XS = _pack(_points(quants.IQ2_XS), np.uint64)    # 512
 GRID_IQ2S = _pack(_points(quants.IQ2_S), np.uint64)      # 1024

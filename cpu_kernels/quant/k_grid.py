@@ -23,8 +23,8 @@ from .dot import Q8_OFFSET, dpbusd, dpbusd_q8
 from .grids import (GRID_IQ1_NEG_MAG, GRID_IQ1_NEG_SGN, GRID_IQ1_POS_MAG, GRID_IQ1_POS_SGN, GRID_IQ2S, GRID_IQ2XS,
                     GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS, KSIGN_PM, SIGN_PM)
 from .q8act import quantize_act
-from .simd import (CACHE, f16_to_f32, hsum, i8_to_f32, lanes2, load_f32x8, load_i32x8, load_u8x8, load_u8x32, muladd,
-                   pair16, store, to_f32, u8x32, vmul, vshl, vsub, zero_f32x8, zero_i32x8)
+from .simd import (CACHE, _make_load, f16_to_f32, hsum, i8_to_f32, lanes2, load_f32x8, load_i32x8, load_u8x8,
+                   load_u8x32, muladd, pair16, store, to_f32, u8x32, vmul, vshl, vsub, zero_f32x8, zero_i32x8)
 
 IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0, NVFP4 = range(10)
 TYPE_SIZE = (66, 74, 82, 98, 110, 50, 56, 54, 66, 36)  # bytes per super-block, in the order above
@@ -46,25 +46,8 @@ def words_u8x32(typingctx, a, b, c, d):
     return u8x32(a, b, c, d), codegen
 
 
-def _make_load_scalar(bits: int):
-    rt = {8: types.uint8, 16: types.uint16, 32: types.uint32}[bits]
-
-    @intrinsic
-    def load(typingctx, arr, idx):
-        """The little-endian uint at byte idx of a C-contiguous uint8 array, unaligned, with no index checks."""
-        if not (isinstance(arr, types.Array) and arr.dtype == types.uint8 and isinstance(idx, types.Integer)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            i = context.cast(builder, args[1], sig.args[1], types.intp)
-            a = context.make_array(sig.args[0])(context, builder, args[0])
-            p = builder.bitcast(builder.gep(a.data, [i]), ir.IntType(bits).as_pointer())
-            return builder.load(p, align=1)
-        return rt(arr, idx), codegen
-    return load
-
-
-ld8, ld16, ld32 = _make_load_scalar(8), _make_load_scalar(16), _make_load_scalar(32)
+# ldN(raw, o): the little-endian uint at byte o of a uint8 array, unaligned, with no index checks.
+ld8, ld16, ld32 = (_make_load(t, (types.uint8,)) for t in (types.uint8, types.uint16, types.uint32))
 
 
 @intrinsic
@@ -81,18 +64,8 @@ def sign_bytes(typingctx, x, s):
 
 
 @njit(cache=CACHE)
-def u16(raw, o):
-    return np.uint32(raw[o]) | (np.uint32(raw[o + 1]) << np.uint32(8))
-
-
-@njit(cache=CACHE)
-def u32(raw, o):
-    return u16(raw, o) | (u16(raw, o + 2) << np.uint32(16))
-
-
-@njit(cache=CACHE)
 def half(raw, o):
-    return f16_to_f32(np.uint16(u16(raw, o)))
+    return f16_to_f32(ld16(raw, o))
 
 
 @njit(cache=CACHE)
@@ -110,22 +83,28 @@ def nibble_scales(raw, o, d, sc):
 
 
 @njit(cache=CACHE)
-def unpack_tq1_0(raw, o, vals, sc):
-    d = half(raw, o + 52)
+def unpack_ternary(raw, o, vals, sc, tq1):
+    """TQ1_0 (tq1: base-3 digits, 5 a byte) or TQ2_0 (2-bit fields): values q - 1 in -1..1 (TQ2_0: ..2) times the
+    super-block's fp16 d."""
+    d = half(raw, o + (52 if tq1 else 64))
     for i in range(16):
         sc[i] = d
     for j in range(32):
         w = np.uint64(0)
         for i in range(8):
             e = 8 * j + i
-            if e < 160:
-                byte, p = raw[o + (e & 31)], e >> 5
-            elif e < 240:
-                byte, p = raw[o + 32 + ((e - 160) & 15)], (e - 160) >> 4
+            if not tq1:
+                q = (np.int32(raw[o + 32 * (e >> 7) + (e & 31)]) >> (2 * ((e >> 5) & 3))) & 3
             else:
-                byte, p = raw[o + 48 + ((e - 240) & 3)], (e - 240) >> 2
-            t = (np.int32(byte) * (3 ** p)) & 255  # the base-3 digit p rotated to the top (uint8 wrap)
-            w |= np.uint64(((t * 3) >> 8) + 127) << np.uint64(8 * i)
+                if e < 160:
+                    byte, p = raw[o + (e & 31)], e >> 5
+                elif e < 240:
+                    byte, p = raw[o + 32 + ((e - 160) & 15)], (e - 160) >> 4
+                else:
+                    byte, p = raw[o + 48 + ((e - 240) & 3)], (e - 240) >> 2
+                t = (np.int32(byte) * (3 ** p)) & 255  # the base-3 digit p rotated to the top (uint8 wrap)
+                q = (t * 3) >> 8
+            w |= np.uint64(q + 127) << np.uint64(8 * i)
         vals[j] = w
 
 
@@ -149,29 +128,13 @@ def unpack_nvfp4(raw, o, vals, sc):
 
 
 @njit(cache=CACHE)
-def unpack_tq2_0(raw, o, vals, sc):
-    d = half(raw, o + 64)
-    for i in range(16):
-        sc[i] = d
-    for j in range(32):
-        w = np.uint64(0)
-        for i in range(8):
-            e = 8 * j + i
-            q = (np.int32(raw[o + 32 * (e >> 7) + (e & 31)]) >> (2 * ((e >> 5) & 3))) & 3
-            w |= np.uint64(q + 127) << np.uint64(8 * i)
-        vals[j] = w
-
-
-@njit(cache=CACHE)
 def unpack_super(raw, o, fmt, vals, sc):
     """The super-block at raw[o:] of the formats not in SIGNED: vals (32 uint64) its values + 128, 8 a word
     (element i in byte i), sc (16 float32) the scale of each 16 values (NVFP4: the first 8 and 4)."""
-    if fmt == TQ1_0:
-        unpack_tq1_0(raw, o, vals, sc)
-    elif fmt == NVFP4:
+    if fmt == NVFP4:
         unpack_nvfp4(raw, o, vals, sc)
     else:
-        unpack_tq2_0(raw, o, vals, sc)
+        unpack_ternary(raw, o, vals, sc, fmt == TQ1_0)
 
 
 # The formats whose points are magnitudes with separate signs: their GEMV multiplies the magnitudes (below 64, so
@@ -290,16 +253,17 @@ def super_scales(raw, o, fmt, sc):
         nibble_scales(raw, o + (66 if fmt == IQ2_XS else 74), half(raw, o), sc)
         return
     if fmt == IQ1_M:  # its fp16 d is the top nibbles of the four 16-bit scale words, which hold 3-bit scales
-        s0, s1, s2, s3 = u16(raw, o + 48), u16(raw, o + 50), u16(raw, o + 52), u16(raw, o + 54)
+        s0, s1 = np.uint32(ld16(raw, o + 48)), np.uint32(ld16(raw, o + 50))
+        s2, s3 = np.uint32(ld16(raw, o + 52)), np.uint32(ld16(raw, o + 54))
         d = f16_to_f32(np.uint16((s0 >> 12) | ((s1 >> 8) & 0xF0) | ((s2 >> 4) & 0xF00) | (s3 & 0xF000)))
         for i in range(16):
-            s = (np.int32(u16(raw, o + 48 + 2 * (i >> 2))) >> (3 * (i & 3))) & 7
+            s = (np.int32(ld16(raw, o + 48 + 2 * (i >> 2))) >> (3 * (i & 3))) & 7
             sc[i] = d * np.float32(2 * s + 1) * np.float32(0.125)
         return
     d = half(raw, o)
     if fmt == IQ1_S:  # values 8 g +- 1: the scale / 8 (exact)
         for ib in range(8):
-            dl = d * np.float32(2 * ((np.int32(u16(raw, o + 34 + 2 * ib)) >> 12) & 7) + 1) * np.float32(0.125)
+            dl = d * np.float32(2 * ((np.int32(ld16(raw, o + 34 + 2 * ib)) >> 12) & 7) + 1) * np.float32(0.125)
             sc[2 * ib] = dl
             sc[2 * ib + 1] = dl
         return
@@ -307,7 +271,7 @@ def super_scales(raw, o, fmt, sc):
         if fmt == IQ3_S:
             db = d * np.float32(1 + 2 * ((np.int32(raw[o + 106 + (ib >> 1)]) >> (4 * (ib & 1))) & 15))
         else:
-            aux = u32(raw, o + (2 + 8 * ib + 4 if fmt == IQ2_XXS else 66 + 4 * ib))
+            aux = ld32(raw, o + (2 + 8 * ib + 4 if fmt == IQ2_XXS else 66 + 4 * ib))
             db = d * (np.float32(0.5) + np.float32(aux >> 28)) * np.float32(0.25 if fmt == IQ2_XXS else 0.5)
         sc[2 * ib] = db
         sc[2 * ib + 1] = db

@@ -14,9 +14,8 @@ from bench.make_synthetic import random_tensor
 from cpu_kernels.quant.qtypes import dequantize
 from engine.model.gguf_export import write_gguf
 from engine.model.loader import load_model
-from engine.model.weights import open_weights
 from tests.model.test_architectures import PROMPTS, assert_quantized_close, run_batched, run_incremental
-from tests.model.tiny_models import hf_logits, save_tiny_tokenizer, tiny_model
+from tests.model.tiny_models import hf_logits, saved_tiny
 
 Q = gguf.GGMLQuantizationType
 GRID = [Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M, Q.TQ1_0, Q.TQ2_0, Q.NVFP4]
@@ -29,10 +28,7 @@ KINDS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "
 @pytest.fixture(scope="module")
 def grid_case(tmp_path_factory):
     root = tmp_path_factory.mktemp("grid")
-    hf = tiny_model("qwen3")
-    hf.save_pretrained(root / "float", safe_serialization=True)
-    save_tiny_tokenizer(root / "float")
-    ws = open_weights(str(root / "float"))
+    hf, ws = saved_tiny(root / "float", "qwen3")
     rng = np.random.default_rng(0)
     quantized, ref, types = {}, copy.deepcopy(hf), {}
     params = dict(ref.named_parameters())

@@ -15,7 +15,7 @@ from engine.model.gguf_export import write_gguf
 from engine.model.loader import load_model
 from engine.model.weights import open_weights
 from tests.model.test_architectures import PROMPTS, assert_quantized_close, run_batched, run_incremental
-from tests.model.tiny_models import hf_logits, save_tiny_tokenizer, tiny_model
+from tests.model.tiny_models import hf_logits, saved_tiny
 
 Q = gguf.GGMLQuantizationType
 
@@ -32,10 +32,7 @@ def decoded(w: np.ndarray, t: Q) -> np.ndarray:
 @pytest.fixture(scope="module")
 def iq4_case(tmp_path_factory):
     root = tmp_path_factory.mktemp("iq4")
-    hf = tiny_model("qwen3")
-    hf.save_pretrained(root / "float", safe_serialization=True)
-    save_tiny_tokenizer(root / "float")
-    ws = open_weights(str(root / "float"))
+    hf, ws = saved_tiny(root / "float", "qwen3")
     path = str(root / "iq4.gguf")
     write_gguf(path, ws.config, {n: np.asarray(ws.raw(n), np.float32) for n in ws.names()},
                lambda name, shape: iq4_type(name) if name.startswith("blk.") and len(shape) == 2 else Q.F32)

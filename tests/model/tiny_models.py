@@ -156,3 +156,13 @@ def save_tiny_tokenizer(folder, vocab_size: int = 256) -> None:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text('{"eos_token": "t1", "unk_token": "t0"}')
+
+
+def saved_tiny(folder, arch: str):
+    """(the tiny transformers model of arch, its weights as ramlm reads them) after saving it with its tokenizer
+    into folder (a pathlib.Path)."""
+    from engine.model.weights import open_weights
+    hf = tiny_model(arch)
+    hf.save_pretrained(folder, safe_serialization=True)
+    save_tiny_tokenizer(folder)
+    return hf, open_weights(str(folder))
