@@ -1,7 +1,7 @@
 """Decode attention over a long context, one layer at a time, per KV cache dtype (the kernel alone: the figure a
 quantized KV cache changes), alternating the dtypes, medians:
 
-    python -m bench.kv_attention [--context 8192] [--heads 32 --kv-heads 8 --head-dim 128] [--dtypes fp16,fp8]
+    python -m bench.kv_attention [--context 8192] [--heads 32 --kv-heads 8 --head-dim 128] [--dtypes fp16,fp8,int8]
 
 Each round runs one decode row over 4 layers' caches (more than the last-level cache holds, as a real step does).
 """
@@ -17,7 +17,8 @@ from bench.common import median, write_result
 
 def main(argv=None) -> None:
     from cpu_kernels import attention
-    from engine.core.kv_spec import kv_storage_dtype
+    from engine.core.kv_spec import LayerKV
+    from engine.worker.runner import layer_cache
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--heads", type=int, default=32)
@@ -37,8 +38,7 @@ def main(argv=None) -> None:
     for name in a.dtypes.split(","):
         layers = []
         for _ in range(4):
-            k = np.zeros((nb, bs, hkv, d), np.dtype(kv_storage_dtype(name)))
-            v = np.zeros_like(k)
+            k, v = layer_cache(LayerKV(hkv, d), nb, bs, name)
             attention.write_kv(kv, kv, k, v, np.arange(ctx, dtype=np.int64))
             layers.append((k, v))
         caches[name] = layers

@@ -28,7 +28,7 @@ from cpu_kernels import attention_bf16 as B16
 from cpu_kernels import attention_blocks as KV
 from cpu_kernels import attention_softmax as SM
 from cpu_kernels.bf16x32 import _bround, _bstore
-from cpu_kernels.f16 import _encode
+from cpu_kernels.kv_rows import head_dim, store_row
 from cpu_kernels.quant.threads import num_threads
 from cpu_kernels.vec16 import _vhsum4_store, _vload, _vmuladd, _vstore, _vzero
 
@@ -53,12 +53,8 @@ def _slot_place(slot, k_cache):
 @njit(**_JIT)
 def _store_head(kr, vr, k_cache, v_cache, blk, off, h):
     """One kv head's K and V rows (f32 (D,)) into their cache slot: the code every KV write here runs."""
-    # Row slices: indices from range(D) need no wraparound checks, so the conversion vectorizes.
-    kd, vd = k_cache[blk, off, h], v_cache[blk, off, h]
-    for d in range(kr.shape[0]):
-        kd[d] = _encode(kr[d], k_cache)
-    for d in range(vr.shape[0]):
-        vd[d] = _encode(vr[d], v_cache)
+    store_row(kr, k_cache[blk, off, h])
+    store_row(vr, v_cache[blk, off, h])
 
 
 @njit(**_JIT)
@@ -74,9 +70,10 @@ def _write_kv(k, v, k_cache, v_cache, slot_mapping):
 def _kernel_view(cache: np.ndarray) -> np.ndarray:
     if cache.dtype == np.float16:
         return cache.view(np.uint16)
-    if cache.dtype in (np.float32, np.uint16, np.uint8, np.int8):  # uint8 / int8: fp8 e4m3fn / e5m2 bytes (f16.py)
+    if cache.dtype in (np.float32, np.uint16, np.uint8, np.int8):  # fp8 e4m3fn / e5m2 bytes, or (5-D uint8) q8_0
         return cache
-    raise TypeError(f"KV cache must be float16, float32 or fp8 bytes (uint8 e4m3fn, int8 e5m2), got {cache.dtype}")
+    raise TypeError(f"KV cache must be float16, float32, fp8 bytes (uint8 e4m3fn, int8 e5m2) or q8_0 blocks "
+                    f"(5-D uint8), got {cache.dtype} {cache.shape}")
 
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping):
@@ -390,7 +387,7 @@ def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo
 
 @njit(**_JIT)
 def _check(q, k_cache, v_cache, query_start_loc, seq_bf16, sinks):
-    if q.shape[1] % k_cache.shape[2] != 0 or k_cache.shape[3] != q.shape[2] or v_cache.shape != k_cache.shape:
+    if q.shape[1] % k_cache.shape[2] != 0 or head_dim(k_cache) != q.shape[2] or v_cache.shape != k_cache.shape:
         raise ValueError("paged_attention: q heads / head_dim do not match the KV cache")
     if sinks.shape[0] != 0 and sinks.shape[0] != q.shape[1]:
         raise ValueError("paged_attention: sinks needs one logit per query head")

@@ -6,7 +6,7 @@ import numpy as np
 from numba import njit
 
 from cpu_kernels import attention_bf16 as B16
-from cpu_kernels.f16 import _load_f32
+from cpu_kernels.kv_rows import head_dim, load_row
 
 _JIT = dict(cache=True, error_model="numpy")
 
@@ -14,15 +14,10 @@ _JIT = dict(cache=True, error_model="numpy")
 @njit(**_JIT)
 def load_block(k_cache, v_cache, blk, kvh, n, kbuf, vbuf):
     """The first n keys and values of a cache block for kv head kvh, as float32 rows of kbuf and vbuf."""
-    D = k_cache.shape[3]
-    for jj in range(n):  # row slices: indices from range(D) vectorize (see write_kv)
-        kr, kd = k_cache[blk, jj, kvh], kbuf[jj]
-        for d in range(D):
-            kd[d] = _load_f32(kr[d])
     for jj in range(n):
-        vr, vd = v_cache[blk, jj, kvh], vbuf[jj]
-        for d in range(D):
-            vd[d] = _load_f32(vr[d])
+        load_row(k_cache[blk, jj, kvh], kbuf[jj])
+    for jj in range(n):
+        load_row(v_cache[blk, jj, kvh], vbuf[jj])
 
 
 @njit(**_JIT)
@@ -66,7 +61,7 @@ def bf16_block(k_cache, v_cache, what, i, kt_all, vb_all):
 def bf16_arrays(k_cache, what):
     """Room for bf16_plan's blocks in attention_bf16's layouts (empty rows without bf16 sequences: a decode step's
     layers allocate nothing to speak of)."""
-    D, BS = k_cache.shape[3], k_cache.shape[1]
+    D, BS = head_dim(k_cache), k_cache.shape[1]
     Dp = (D + 31) // 32 * 32
     some = what.shape[0] > 1
     W = (BS + 15) // 16 * 16  # whole 16-key chunks: attention_bf16.qk8 reads 16 lanes

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from cpu_kernels import attention, envs
+from cpu_kernels.kv_rows import head_dim
 from cpu_kernels.quant.simd import AMX
 from cpu_kernels.quant.threads import match_torch_threads
 
@@ -44,7 +45,7 @@ def sequence_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, 
     fp8_views = _fp8_views()
     T, Hq, D = q.shape
     BS, Hkv = k_cache.shape[1], k_cache.shape[2]
-    if not 0 < T <= seq_len or Hq % Hkv or k_cache.shape[3] != D or v_cache.shape != k_cache.shape:
+    if not 0 < T <= seq_len or Hq % Hkv or head_dim(k_cache) != D or v_cache.shape != k_cache.shape:
         raise ValueError("sequence_attention: q does not fit the cache or seq_len")
     ctx = seq_len - T
     # Keys from the first one the first row sees: a sliding window over a long context reads only its tail.
@@ -55,9 +56,12 @@ def sequence_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, 
     ids = torch.from_numpy(np.ascontiguousarray(block_row[b0:nb], dtype=np.int64))
 
     def gathered(cache):  # (1, Hkv, seq_len - k0, D) bf16 (fp8 bytes read as torch's float8 types: exact in bf16)
-        c = torch.from_numpy(cache)
-        c = c.view(fp8_views[c.dtype]) if c.dtype in fp8_views else c
-        c = c.index_select(0, ids).reshape((nb - b0) * BS, Hkv, D)[:seq_len - k0]
+        c = torch.from_numpy(cache).index_select(0, ids)
+        if cache.ndim == 5:  # q8_0 blocks: scale x int8 in float32, the products kv_rows.load_row forms
+            c = c[..., 2:].view(torch.int8).float() * c[..., :2].contiguous().view(torch.float16).float()
+        elif c.dtype in fp8_views:
+            c = c.view(fp8_views[c.dtype])
+        c = c.reshape((nb - b0) * BS, Hkv, D)[:seq_len - k0]
         return c.to(torch.bfloat16).permute(1, 0, 2).unsqueeze(0)
 
     mask, causal = None, True

@@ -9,6 +9,7 @@ from numba import njit, prange
 
 from cpu_kernels.activations import exp_f32
 from cpu_kernels.attention import _kernel_view, _slot_place, _store_head
+from cpu_kernels.kv_rows import head_dim
 from cpu_kernels.norms import _rms_row
 from cpu_kernels.rope import _rotate_head
 
@@ -73,7 +74,7 @@ def _par(yq, q0, qs, yk, k0, yv, v0, qw, kw, vw, q_eps, k_eps, v_eps, cos, sin, 
 def _attn_inputs(yq, q0, qs, yk, k0, yv, v0, Hq, qw, kw, vw, q_eps, k_eps, v_eps, cos, sin, neox, k_cache, v_cache,
                  slot_mapping):
     T = yq.shape[0]
-    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    Hkv, D = k_cache.shape[2], head_dim(k_cache)
     if (yk.shape[0] != T or yv.shape[0] != T or slot_mapping.shape[0] != T or cos.shape[0] != T or qs < D
             or q0 + (Hq - 1) * qs + D > yq.shape[1] or k0 + Hkv * D > yk.shape[1] or v0 + Hkv * D > yv.shape[1]
             or 2 * cos.shape[1] > D or v_cache.shape != k_cache.shape
@@ -158,7 +159,7 @@ def attn_inputs(q_cols, k_cols, v_cols, num_heads, q_norm, k_norm, cos, sin, neo
     qw, qe = q_norm if q_norm is not None else (_NO_NORM, 0.0)
     kw, ke = k_norm if k_norm is not None else (_NO_NORM, 0.0)
     vw, ve = v_norm if v_norm is not None else (_NO_NORM, 0.0)
-    D = k_cache.shape[3]
+    D = head_dim(k_cache)
     return _attn_inputs(q_cols[0], q_cols[1], int(q_stride or D), k_cols[0], k_cols[1], v_cols[0], v_cols[1],
                         num_heads, qw, kw, vw, float(qe), float(ke), float(ve), cos, sin, bool(neox),
                         _kernel_view(k_cache), _kernel_view(v_cache), slot_mapping)

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from cpu_kernels.attention import _kernel_view, _slot_place
-from cpu_kernels.f16 import _encode
+from cpu_kernels.kv_rows import head_dim, store_row
 from cpu_kernels.norms import _rms_row
 from cpu_kernels.rope import _rotate_head
 
@@ -23,7 +23,7 @@ _JIT = dict(cache=True, error_model="numpy")
 @njit(**_JIT)
 def _latent_rows(ykv, kv0, w, eps32, cos, sin, cache, slot_mapping, t0, t1):
     L = w.shape[0]
-    D = cache.shape[3]
+    D = head_dim(cache)
     row = np.empty(D, np.float32)
     for t in range(t0, t1):
         if slot_mapping[t] < 0:  # padding row
@@ -33,9 +33,7 @@ def _latent_rows(ykv, kv0, w, eps32, cos, sin, cache, slot_mapping, t0, t1):
         for d in range(L, D):
             row[d] = ykv[t, kv0 + d]
         _rotate_head(row[L:], cos[t], sin[t], False)
-        dst = cache[blk, off, 0]
-        for d in range(D):
-            dst[d] = _encode(row[d], cache)
+        store_row(row, cache[blk, off, 0])
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
@@ -48,7 +46,7 @@ def _latent_par(ykv, kv0, w, eps32, cos, sin, cache, slot_mapping):
 
 @njit(**_JIT)
 def _write_latents(ykv, kv0, w, eps, cos, sin, cache, slot_mapping):
-    T, L, D = ykv.shape[0], w.shape[0], cache.shape[3]
+    T, L, D = ykv.shape[0], w.shape[0], head_dim(cache)
     if (cache.shape[2] != 1 or kv0 + D > ykv.shape[1] or slot_mapping.shape[0] != T or cos.shape[0] != T
             or 2 * cos.shape[1] != D - L or L >= D):
         raise ValueError("write_latents: the projection, the norm, the rope table or the cache do not match")

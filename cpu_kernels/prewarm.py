@@ -12,7 +12,6 @@ import subprocess
 import sys
 from typing import Iterable, Optional
 
-import numpy as np
 
 HELPER_TIMEOUT_S = 600
 
@@ -33,16 +32,17 @@ def mark_done(name: str) -> None:
         pass
 
 
-def kernels_name(kv_dtype) -> str:
-    return f"kernels-{np.dtype(kv_dtype).name}"
+def kernels_name(kv_storage: str) -> str:
+    """The marker of the kernels for a KV storage (kv_spec's names: float16, float32, uint8, int8, q8_0)."""
+    return f"kernels-{kv_storage}"
 
 
-def start_kernel_helper(kv_dtype) -> Optional[subprocess.Popen]:
-    """Spawn `python -m cpu_kernels.warmup` for kv_dtype when its kernels are not cached yet (and there is a
+def start_kernel_helper(kv_storage: str) -> Optional[subprocess.Popen]:
+    """Spawn `python -m cpu_kernels.warmup` for a KV storage when its kernels are not cached yet (and there is a
     second core to run it); None when there is nothing to do."""
-    if is_done(kernels_name(kv_dtype)) or (os.cpu_count() or 1) < 2:
+    if is_done(kernels_name(kv_storage)) or (os.cpu_count() or 1) < 2:
         return None
-    cmd = [sys.executable, "-m", "cpu_kernels.warmup", "--kv-dtype", np.dtype(kv_dtype).name]
+    cmd = [sys.executable, "-m", "cpu_kernels.warmup", "--kv-dtype", kv_storage]
     # The folder holding cpu_kernels goes first on its path, however this process found the package.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)

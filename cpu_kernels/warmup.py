@@ -7,10 +7,12 @@ from cpu_kernels import activations, attention, mla, moe, norms, rope
 from cpu_kernels.attn_inputs import attn_inputs, q_inputs, sigmoid_gate
 from cpu_kernels.delta_net import gdn_core
 from cpu_kernels.rope import RopeScaling
+from engine.core.kv_spec import KV_CACHE_DTYPES, row_shape, storage_array_dtype
 
 
-def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
-    """Calls each kernel once on tiny shapes, on its serial and its parallel path, for each KV dtype.
+def warmup(kv_storages=("float16", "float32")) -> None:
+    """Calls each kernel once on tiny shapes, on its serial and its parallel path, for each KV storage (kv_spec's
+    names).
 
     Types match the callers: float32 C-contiguous activations, int64 positions and slots, int32 batch
     tables, Python floats/ints/bools for scalars (rms_norm with and without unit_offset given).
@@ -55,13 +57,17 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
     moe.scale_chosen(ids, weights, w)
     moe.router_input(x, w, 1e-6, 0.5)
 
-    hq, hkv, d, bs = 4, 2, 8, 4
-    k = np.ones((3, hkv, d), f32)
+    hq, hkv, bs = 4, 2, 4
     slots = np.array([1, 7, 8], np.int64)
     decode = (np.array([0, 1], np.int32), np.array([2], np.int32), np.array([[0, 0]], np.int32))
     mixed = (np.array([0, 1, 3], np.int32), np.array([2, 5], np.int32), np.array([[0, 0], [1, 2]], np.int32))
-    for dtype in kv_dtypes:
-        k_cache = np.zeros((3, bs, hkv, d), dtype)
+    for storage in kv_storages:
+        d = 32 if storage == "q8_0" else 8  # q8_0 rows are whole blocks of 32
+        w = np.ones(d, f32)
+        inv_freq, mscale = rope.rope_inv_freq(d, 10000.0, RopeScaling())
+        k = np.ones((3, hkv, d), f32)
+        dtype = storage_array_dtype(storage)
+        k_cache = np.zeros((3, bs, hkv, *row_shape(d, storage)), dtype)
         v_cache = np.zeros_like(k_cache)
         attention.write_kv(k, k, k_cache, v_cache, slots)
         for t in (1, 20):  # the serial and the parallel path
@@ -71,7 +77,7 @@ def warmup(kv_dtypes=(np.float16, np.float32)) -> None:
                         k_cache, v_cache, np.arange(t, dtype=np.int64) % (3 * bs), v_norm=(w, 1e-6))  # V normed
             q_inputs((y, 0), hq, d, (w, 1e-6), cos, sin, True)  # a layer reading another layer's K/V
             sigmoid_gate(np.ones((t, 2, d), f32), (y, d), 2 * d)  # qwen3.5's gated attention
-        latent = np.zeros((3, bs, 1, 2 * d), dtype)  # MLA: [latent (d) | rope key (d)], K read as V
+        latent = np.zeros((3, bs, 1, *row_shape(2 * d, storage)), dtype)  # MLA: [latent (d) | rope key (d)], K read as V
         for t in (1, 20):
             y = np.ones((t, 2 * hq * d + 2 * d), f32)
             cos, sin = rope.rope_cos_sin(np.arange(t, dtype=np.int64), inv_freq, mscale)
@@ -111,10 +117,10 @@ def main(argv=None) -> None:
 
     from cpu_kernels import prewarm
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--kv-dtype", default="float16", choices=("float16", "float32", "uint8", "int8"))
-    dtype = np.dtype(ap.parse_args(argv).kv_dtype)
-    warmup(kv_dtypes=(dtype,))
-    prewarm.mark_done(prewarm.kernels_name(dtype))
+    ap.add_argument("--kv-dtype", default="float16", choices=sorted(set(KV_CACHE_DTYPES.values())))
+    storage = ap.parse_args(argv).kv_dtype
+    warmup(kv_storages=(storage,))
+    prewarm.mark_done(prewarm.kernels_name(storage))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ class EngineArgs:
         choices=("fp8", "q8_0", "q4_k", "int8", "int4")))
     kv_cache_dtype: str = field(default="auto", metadata=_meta(
         "KV cache element type: auto (= fp16), fp16/float16, fp32/float32, fp8/fp8_e4m3 or fp8_e5m2 (one byte per "
-        "value, unit scales as vLLM's uncalibrated fp8 KV; values past the format's range saturate)",
+        "value, unit scales as vLLM's uncalibrated fp8 KV; values past the format's range saturate), int8/q8_0 "
+        "(llama.cpp's q8_0 cache: 32 int8 and an f16 scale per 32 values, 8.5 bits a value; head_dim a multiple of 32)",
         choices=tuple(KV_CACHE_DTYPES)))
     block_size: int = field(default=16, metadata=_meta("tokens per KV-cache block"))
     kv_cache_memory: Optional[float] = field(default=None, metadata=_meta(

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import numpy as np
 import psutil
 
 from engine.args import EngineArgs
@@ -97,7 +96,7 @@ def load_everything(args: EngineArgs) -> Loaded:
     path = args.resolved_model()
     ws = quantize_at_load(open_weights(path), args.quantization)
     # Cold JIT cache: a helper process compiles the non-matmul kernels while this one compiles the formats'.
-    helper = prewarm.start_kernel_helper(np.dtype(kv_storage_dtype(args.kv_cache_dtype)).type)
+    helper = prewarm.start_kernel_helper(kv_storage_dtype(args.kv_cache_dtype))
     try:
         # The tokenizer (about 1 s for a 262k vocabulary, mostly in Rust) loads while the weights repack.
         with ThreadPoolExecutor(1, thread_name_prefix="ramlm-tokenizer") as pool:

@@ -1,6 +1,9 @@
 """Paged attention in torch over the block-table contract of cpu_kernels/attention.py.
 
-Cache layout (num_blocks, block_size, Hkv, D), float16 or float32, on any torch device. Token i of
+Cache layout (num_blocks, block_size, Hkv, D), float16 or float32, on any torch device, or the CPU's one-byte
+storages (engine/core/kv_spec.py): fp8 bytes (e4m3fn in uint8, e5m2 in int8, viewed as torch's float8 types to
+convert) and int8 KV's q8_0 blocks (num_blocks, block_size, Hkv, D / 32, 34), the same bytes cpu_kernels writes
+(values clamped to the fp8 range and rounded to nearest even; q8_0 as gguf's quantizer). Token i of
 sequence s sits at position p = seq_lens[s] - q_len_s + i and attends to positions
 max(0, p - sliding_window + 1) .. p; query head h reads kv head h // (Hq // Hkv).
 
@@ -17,13 +20,58 @@ import torch
 SCRATCH_BYTES = 256 << 20  # scores + gathered K/V per group, float32
 
 
+_FP8 = {torch.uint8: (torch.float8_e4m3fn, 448.0), torch.int8: (torch.float8_e5m2, 57344.0)}  # the fp8 bytes
+
+
+def head_dim(cache: torch.Tensor) -> int:
+    """Values per cached row (q8_0's 5-D cache: blocks of 32)."""
+    return cache.shape[3] * 32 if cache.dim() == 5 else cache.shape[3]
+
+
+def _q8_0(x: torch.Tensor) -> torch.Tensor:
+    """f32 (..., D) -> q8_0 blocks uint8 (..., D / 32, 34): gguf's Q8_0 quantizer (d = amax / 127 stored as f16,
+    round(x / d) half away from zero), as cpu_kernels/kv_rows.py."""
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    d = b.abs().amax(-1, keepdim=True) / 127.0
+    v = b * torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
+    a = v.abs()
+    r = a.floor()
+    r = r + (2.0 * (a - r)).floor()
+    q = torch.where(v < 0, -r, r).to(torch.int8).view(torch.uint8)
+    return torch.cat([d.to(torch.float16).view(torch.uint8), q], dim=-1)
+
+
+def encode(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """f32 rows (..., D) in the storage of cache (its row axes and element type)."""
+    if cache.dim() == 5:
+        return _q8_0(x.to(torch.float32))
+    if cache.dtype in _FP8:
+        fp8, top = _FP8[cache.dtype]
+        return x.to(torch.float32).clamp(-top, top).to(fp8).view(cache.dtype)
+    return x.to(cache.dtype)
+
+
+def decode(rows: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """Cached rows (..., *row axes) of cache's storage -> f32 (..., D)."""
+    if cache.dim() == 5:
+        d = rows[..., :2].contiguous().view(torch.float16).to(torch.float32)
+        return (rows[..., 2:].view(torch.int8).to(torch.float32) * d).flatten(-2)
+    if cache.dtype in _FP8:
+        return rows.view(_FP8[cache.dtype][0]).to(torch.float32)
+    return rows.to(torch.float32)
+
+
+def write_rows(x: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """x f32 (T, Hkv, D) -> cache rows `slots` (T,) int64 (flat block_id * block_size + offset)."""
+    cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, encode(x, cache))
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slots: torch.Tensor) -> None:
-    """k, v f32 (T, Hkv, D) -> cache rows `slots` (T,) int64 (flat block_id * block_size + offset).
+    """k, v f32 (T, Hkv, D) -> cache rows `slots` (write_rows).
     Rows with a negative slot (padding) must be filtered out by the caller."""
-    Hkv, D = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, Hkv, D).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(-1, Hkv, D).index_copy_(0, slots, v.to(v_cache.dtype))
+    write_rows(k, k_cache, slots)
+    write_rows(v, v_cache, slots)
 
 
 def _items(qsl: np.ndarray, lens: np.ndarray, Hq: int, scratch: int) -> list[tuple[int, int, int, int]]:
@@ -115,7 +163,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """
     T, Hq, D = q.shape
     BS, Hkv = k_cache.shape[1], k_cache.shape[2]
-    if Hq % Hkv or k_cache.shape[3] != D or v_cache.shape != k_cache.shape:
+    if Hq % Hkv or head_dim(k_cache) != D or v_cache.shape != k_cache.shape:
         raise ValueError("paged_attention: q heads / head_dim do not match the KV cache")
     G = Hq // Hkv
     if groups is None:
@@ -127,8 +175,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     for g in groups:
         B, Q, L = g.B, g.Q, g.L
         blk = tables.index_select(0, g.seqs)[:, : g.nb]                               # (B, nb)
-        k = k_cache[blk].reshape(B, L, Hkv, D).permute(0, 2, 3, 1).to(torch.float32)  # (B, Hkv, D, L)
-        v = v_cache[blk].reshape(B, L, Hkv, D).permute(0, 2, 1, 3).to(torch.float32)  # (B, Hkv, L, D)
+        k = decode(k_cache[blk], k_cache).reshape(B, L, Hkv, D).permute(0, 2, 3, 1)    # (B, Hkv, D, L)
+        v = decode(v_cache[blk], v_cache).reshape(B, L, Hkv, D).permute(0, 2, 1, 3)    # (B, Hkv, L, D)
         qg = q.index_select(0, g.rows).reshape(B, Q, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * Q, D)
         s_ = torch.matmul(qg, k) * sc                                                 # (B, Hkv, G*Q, L)
         if softcap > 0:

@@ -49,7 +49,7 @@ class DeviceMLA:
         else:
             raise RuntimeError("DeviceMLA: no KV cache on the device and the layer is not --kv-offload")
         rows = row if batch.rows is None else row.index_select(0, batch.rows)
-        cache.view(-1, 1, L + R).index_copy_(0, batch.slots, rows.to(cache.dtype))
+        dattn.write_rows(rows, cache, batch.slots)
         groups = batch.attention_groups(H, 1, L + R, cache.shape[1])
         out = dattn.paged_attention(q_full, cache, cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
                                     self.scale, groups=groups)
@@ -64,8 +64,6 @@ class DeviceMLA:
         from cpu_kernels import attention as cattn
         qn, rn = self.ctx.to_host(q_full), self.ctx.to_host(row)
         cache = kv[0]
-        slots = np.asarray(meta.slot_mapping)
-        keep = slots >= 0
-        cache.reshape(-1, 1, cache.shape[-1])[slots[keep]] = rn[keep].astype(cache.dtype)
+        cattn.write_kv(rn, rn, cache, cache, np.asarray(meta.slot_mapping, np.int64))  # V is K: one row written twice
         return cattn.paged_attention(qn, cache, cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
                                      self.scale)

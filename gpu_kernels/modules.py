@@ -285,7 +285,7 @@ class DeviceAttention:
             if batch.rows is not None:
                 k, v = k.index_select(0, batch.rows), v.index_select(0, batch.rows)
             dattn.write_kv(k, v, k_cache, v_cache, batch.slots)
-        if batch.decode:
+        if batch.decode and k_cache.dtype in (torch.float16, torch.float32):  # one-byte caches: the torch path
             out = triton_dispatch.run("paged_attention", q.device, lambda: self._triton(q, k_cache, v_cache, batch),
                                       lambda: self._torch(q, k_cache, v_cache, batch))
         else:

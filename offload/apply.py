@@ -18,8 +18,8 @@ import logging
 from dataclasses import replace
 from typing import Sequence
 
-from engine.core.kv_spec import (FP8_STORAGE, cache_groups, group_counts, is_paged, kv_storage_dtype, layer_groups,
-                                 split_pool)
+from engine.core.kv_spec import (cache_groups, group_counts, is_paged, kv_storage_dtype, layer_groups,
+                                 split_pool, storage_array_dtype)
 from offload.plan_types import PlacementPlan, PlanOptions
 
 logger = logging.getLogger("ramlm.offload")
@@ -82,9 +82,6 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int | Sequence[int], b
         return Placement(model, plan)
     if plan.num_layers != len(model.blocks):
         raise ValueError(f"the plan is for {plan.num_layers} layers, the model has {len(model.blocks)}")
-    if kv_storage_dtype(kv_cache_dtype) in FP8_STORAGE:
-        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} runs on the CPU only for now (the GPU modules read fp16 "
-                         "and fp32 caches): place every layer in RAM (--device cpu) or use kv_cache_dtype auto")
     import torch
     from gpu_kernels.linear import DTYPES
     from gpu_kernels.modules import DeviceContext, OnDevice, _DeviceBlock
@@ -94,7 +91,7 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int | Sequence[int], b
     wd = plan.options.get("gpu_weight_dtype", "auto")
     conv = Converter(model, ctx, default_fmt=wd if wd in DTYPES else "packed")
     originals = (list(model.blocks), model.lm_head) if keep_originals else None
-    kv_dtype = getattr(torch, kv_storage_dtype(kv_cache_dtype))
+    kv_dtype = getattr(torch, storage_array_dtype(kv_storage_dtype(kv_cache_dtype)))
     # each layer's cache (V is K for MLA: one tensor; state pools for linear attention; a KV-shared layer: none)
     layout = model.kv_layout
     _check_shared_kv(plan.layers, layout)
@@ -116,7 +113,7 @@ def apply_plan(model, plan: PlacementPlan, *, num_blocks: int | Sequence[int], b
                     runner_kv[i], runner.kv_caches[i] = runner.kv_caches[i], kv
             elif lp.kv_device != "cpu":
                 if is_paged(layout[i]):
-                    shape = layout[i].block_shape(counts[groups[i]], block_size)
+                    shape = layout[i].block_shape(counts[groups[i]], block_size, kv_cache_dtype)
                     k = torch.zeros(shape, dtype=kv_dtype, device=ctx.device)
                     kv = (k, k if layout[i].v_is_k else torch.zeros(shape, dtype=kv_dtype, device=ctx.device))
                 else:  # a linear-attention layer: its float32 state pools, one slot per state slot id

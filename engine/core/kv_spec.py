@@ -8,13 +8,15 @@ import math
 from dataclasses import dataclass
 from typing import Sequence, Union
 
-# kv_cache_dtype (vLLM's argument) -> the element type the cache stores (numpy and torch spell these alike). The fp8
-# formats store their bytes, e4m3fn as uint8 and e5m2 as int8 (cpu_kernels/f16.py converts each by its array type);
-# "fp8" is e4m3, as in vLLM, with unit scales (values past the format's range saturate).
+# kv_cache_dtype (vLLM's argument) -> the storage the cache keeps (numpy and torch spell the element types alike). The
+# fp8 formats store their bytes, e4m3fn as uint8 and e5m2 as int8 (cpu_kernels/f16.py converts each by its array
+# type); "fp8" is e4m3, as in vLLM, with unit scales (values past the format's range saturate). int8 (llama.cpp's
+# --cache-type q8_0) stores each row of head_dim values as llama.cpp's q8_0 blocks: per 32 values an f16 scale
+# (amax / 127) and 32 int8, 34 bytes, in uint8 arrays with one more axis (cpu_kernels/kv_rows.py).
 KV_CACHE_DTYPES = {"auto": "float16", "fp16": "float16", "float16": "float16", "fp32": "float32", "float32": "float32",
-                   "fp8": "uint8", "fp8_e4m3": "uint8", "fp8_e5m2": "int8"}
-FP8_STORAGE = ("uint8", "int8")
+                   "fp8": "uint8", "fp8_e4m3": "uint8", "fp8_e5m2": "int8", "int8": "q8_0", "q8_0": "q8_0"}
 ITEMSIZE = {"float16": 2, "float32": 4, "uint8": 1, "int8": 1}
+Q8_BLOCK, Q8_BYTES = 32, 34  # q8_0: values per block, bytes per block (f16 scale + 32 int8)
 STATE_ITEMSIZE = 4  # states are float32 (the delta rule's S accumulates over the whole sequence)
 # Without kv_cache_memory, the pool takes this share of the RAM still available after the weights.
 KV_RAM_FRACTION = 0.4
@@ -30,8 +32,26 @@ def kv_storage_dtype(kv_cache_dtype: str) -> str:
                          f"{', '.join(KV_CACHE_DTYPES)}") from None
 
 
-def kv_itemsize(kv_cache_dtype: str) -> int:
-    return ITEMSIZE[kv_storage_dtype(kv_cache_dtype)]
+def storage_array_dtype(storage: str) -> str:
+    """The numpy/torch element type of a storage's arrays (q8_0 blocks are bytes)."""
+    return "uint8" if storage == "q8_0" else storage
+
+
+def row_shape(head_dim: int, storage: str) -> tuple[int, ...]:
+    """One cached row's (a token's values for one kv head) trailing array axes: (head_dim,), or q8_0's
+    (head_dim / 32, 34) blocks; ValueError for a head_dim q8_0 cannot block."""
+    if storage != "q8_0":
+        return (head_dim,)
+    if head_dim % Q8_BLOCK:
+        raise ValueError(f"kv_cache_dtype int8 (q8_0) needs a head_dim divisible by {Q8_BLOCK}, this model's is "
+                         f"{head_dim}: use kv_cache_dtype fp8 or auto")
+    return (head_dim // Q8_BLOCK, Q8_BYTES)
+
+
+def row_bytes(head_dim: int, kv_cache_dtype: str) -> int:
+    """Bytes of one cached row of head_dim values."""
+    storage = kv_storage_dtype(kv_cache_dtype)
+    return math.prod(row_shape(head_dim, storage)) * ITEMSIZE[storage_array_dtype(storage)]
 
 
 @dataclass(frozen=True)
@@ -48,8 +68,9 @@ class LayerKV:
     shared_from: int = -1
     window: int = 0
 
-    def block_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
-        return (num_blocks, block_size, self.num_heads, self.head_dim)
+    def block_shape(self, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto") -> tuple[int, ...]:
+        """The layer's K (or V) array: (num_blocks, block_size, num_heads) and row_shape's axes."""
+        return (num_blocks, block_size, self.num_heads, *row_shape(self.head_dim, kv_storage_dtype(kv_cache_dtype)))
 
     @property
     def arrays(self) -> int:
@@ -59,7 +80,7 @@ class LayerKV:
     def bytes_per_block(self, block_size: int, kv_cache_dtype: str) -> int:
         if self.shared_from >= 0:
             return 0
-        return self.arrays * block_size * self.num_heads * self.head_dim * kv_itemsize(kv_cache_dtype)
+        return self.arrays * block_size * self.num_heads * row_bytes(self.head_dim, kv_cache_dtype)
 
     @property
     def bytes_per_sequence(self) -> int:

@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from engine.core.kv_spec import (LayerKV, LayerState, cache_groups, is_paged, kv_storage_dtype, layer_groups,
-                                  layout_bytes_per_block)
+                                  layout_bytes_per_block, storage_array_dtype)
 from engine.worker.batch import BatchMetadata
 from engine.worker.huge_pages import small_pages, zeros_small_pages
 
@@ -28,11 +28,13 @@ class SeqChunk:
     group_block_ids: tuple[tuple[int, ...], ...] = ()  # cache groups 1..'s tables; () = block_ids serves them all
 
 
-def layer_cache(layer: LayerKV, num_blocks: int, block_size: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+def layer_cache(layer: LayerKV, num_blocks: int, block_size: int, kv_cache_dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """One layer's (K, V) arrays, zeroed; the same array twice where V is K. Touched block by block while serving,
     so in small pages (huge_pages.py)."""
-    k = zeros_small_pages(layer.block_shape(num_blocks, block_size), dtype)
-    return k, (k if layer.v_is_k else zeros_small_pages(layer.block_shape(num_blocks, block_size), dtype))
+    shape = layer.block_shape(num_blocks, block_size, kv_cache_dtype)
+    dtype = np.dtype(storage_array_dtype(kv_storage_dtype(kv_cache_dtype)))
+    k = zeros_small_pages(shape, dtype)
+    return k, (k if layer.v_is_k else zeros_small_pages(shape, dtype))
 
 
 def state_pools(layer: LayerState, num_slots: int) -> tuple[np.ndarray, ...]:
@@ -58,14 +60,13 @@ class ModelRunner:
         self.group_num_blocks = counts
         self.num_blocks = counts[0]
         self.num_state_slots = model.num_state_slots if num_state_slots is None else num_state_slots
-        dtype = np.dtype(kv_storage_dtype(kv_cache_dtype))
         self.kv_caches = []
         for layer, g in zip(model.kv_layout, layer_groups(model.kv_layout)):
             if layer.shared_from >= 0 and model.kv_layout[layer.shared_from].window != layer.window:
                 raise ValueError("a KV-shared layer must slide as its source layer does (one cache group)")
             # a KV-shared layer holds its source layer's pair (the same tuple)
             self.kv_caches.append(self.kv_caches[layer.shared_from] if layer.shared_from >= 0 else
-                                  layer_cache(layer, counts[g], block_size, dtype) if is_paged(layer)
+                                  layer_cache(layer, counts[g], block_size, kv_cache_dtype) if is_paged(layer)
                                   else state_pools(layer, self.num_state_slots))
         self.state_layers = [i for i, layer in enumerate(model.kv_layout) if not is_paged(layer)]
 

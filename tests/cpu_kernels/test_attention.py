@@ -10,7 +10,9 @@ from numba import njit
 
 from cpu_kernels import attention as A
 from cpu_kernels import f16 as F
+from cpu_kernels import kv_rows
 from cpu_kernels.vec16 import _vhsum, _vhsum4_store, _vload
+from engine.core.kv_spec import row_shape, storage_array_dtype
 
 
 # ---------------------------------------------------------------- float16 conversions
@@ -90,15 +92,28 @@ class Batch:
     values: list
 
 
+def as_cached(x: np.ndarray, cache_dtype) -> np.ndarray:
+    """float64 of the values a cache of cache_dtype (a numpy type, or the storage name 'q8_0') keeps for f32 x."""
+    if cache_dtype != "q8_0":
+        return x.astype(cache_dtype).astype(np.float64)
+    rows = x.reshape(-1, x.shape[-1])
+    q8, out = np.zeros((len(rows), *row_shape(x.shape[-1], "q8_0")), np.uint8), np.zeros(rows.shape, np.float32)
+    kv_rows.store_rows(rows, q8)
+    kv_rows.load_rows(q8, out)
+    return out.reshape(x.shape).astype(np.float64)
+
+
 def make_batch(seqs, hq, hkv, d, block_size, cache_dtype, seed=0):
-    """seqs: list of (context_len, q_len). Writes every sequence's K/V through write_kv into shuffled blocks."""
+    """seqs: list of (context_len, q_len). Writes every sequence's K/V through write_kv into shuffled blocks.
+    cache_dtype: a numpy type, or 'q8_0' (int8 KV's blocks)."""
     rng = np.random.default_rng(seed)
     nblocks = [-(-ctx // block_size) for ctx, _ in seqs]
     num_blocks = sum(nblocks) + 3
     ids = rng.permutation(num_blocks).astype(np.int32)
     max_blocks = max(nblocks) + 1
     block_tables = np.zeros((len(seqs), max_blocks), np.int32)
-    k_cache = np.zeros((num_blocks, block_size, hkv, d), cache_dtype)
+    k_cache = np.zeros((num_blocks, block_size, hkv, *row_shape(d, cache_dtype)), storage_array_dtype(cache_dtype)
+                       if isinstance(cache_dtype, str) else cache_dtype)
     v_cache = np.zeros_like(k_cache)
     keys, values, qs, starts = [], [], [], [0]
     used = 0
@@ -110,8 +125,8 @@ def make_batch(seqs, hq, hkv, d, block_size, cache_dtype, seed=0):
         pos = np.arange(ctx)
         slots = block_tables[s, pos // block_size].astype(np.int64) * block_size + pos % block_size
         A.write_kv(k, v, k_cache, v_cache, slots)
-        keys.append(k.astype(cache_dtype).astype(np.float64))
-        values.append(v.astype(cache_dtype).astype(np.float64))
+        keys.append(as_cached(k, cache_dtype))
+        values.append(as_cached(v, cache_dtype))
         qs.append(rng.standard_normal((qlen, hq, d)).astype(np.float32))
         starts.append(starts[-1] + qlen)
     return Batch(np.concatenate(qs), k_cache, v_cache, np.array(starts, np.int32),

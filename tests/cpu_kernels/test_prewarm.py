@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 COVERAGE = """
@@ -26,18 +28,21 @@ def signatures():
 
 ws = open_weights(EngineArgs().resolved_model())
 warm_formats(types={ws.info(n).ggml_type for n in ws.names() if len(ws.info(n).shape) == 2}, bf16=True)
-warm_kernels(kv_dtypes=(np.float16,))
+warm_kernels(kv_storages=(sys.argv[1],))
 before = signatures()
 from engine import LLM, SamplingParams
-llm = LLM(max_model_len=512, kv_cache_memory=0.25, prefill_dtype="bfloat16")  # its tiles: the bf16 dequantizers
+llm = LLM(max_model_len=512, kv_cache_memory=0.25, prefill_dtype="bfloat16",  # its tiles: the bf16 dequantizers
+          kv_cache_dtype=sys.argv[2])
 llm.generate(["The capital of France is", "word " * 40], SamplingParams(max_tokens=3, temperature=0))
 new = sorted(signatures() - before)
 print(len(before), new)
 """
 
 
-def test_tiny_warmups_cover_every_signature_the_engine_uses():
-    r = subprocess.run([sys.executable, "-c", COVERAGE], cwd=ROOT, capture_output=True, text=True, timeout=600)
+@pytest.mark.parametrize("storage,kv", [("float16", "auto"), ("q8_0", "int8")])
+def test_tiny_warmups_cover_every_signature_the_engine_uses(storage, kv):
+    r = subprocess.run([sys.executable, "-c", COVERAGE, storage, kv], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     count, new = r.stdout.strip().splitlines()[-1].split(" ", 1)
     assert int(count) > 20 and new == "[]", new
@@ -68,7 +73,7 @@ write_gguf(path, ws.config, {n: np.asarray(ws.raw(n), np.float32) for n in ws.na
            default_qtype(gguf.GGMLQuantizationType.Q4_K))
 ws = open_weights(path)
 warm_formats(types={ws.info(n).ggml_type for n in ws.names() if len(ws.info(n).shape) >= 2}, bf16=True)
-warm_kernels(kv_dtypes=(np.float16,))
+warm_kernels(kv_storages=("float16",))
 before = signatures()
 from engine import LLM, SamplingParams
 llm = LLM(model=path, tokenizer=str(folder), max_model_len=256, kv_cache_memory=0.02, prefill_dtype="bfloat16")
@@ -111,12 +116,12 @@ def test_tiny_warmups_cover_gemma4_models():
 HELPER = """
 import numpy as np
 from cpu_kernels import CACHE_DIR, prewarm
-helper = prewarm.start_kernel_helper(np.float16)
+helper = prewarm.start_kernel_helper("float16")
 assert helper is not None, "no helper started on a cache without its marker"
 prewarm.wait(helper)
 assert helper.returncode == 0, helper.returncode
-assert prewarm.is_done(prewarm.kernels_name(np.float16))
-assert prewarm.start_kernel_helper(np.float16) is None, "a helper started again on a prewarmed cache"
+assert prewarm.is_done(prewarm.kernels_name("float16"))
+assert prewarm.start_kernel_helper("float16") is None, "a helper started again on a prewarmed cache"
 print("ok", CACHE_DIR)
 """
 

@@ -10,7 +10,9 @@ from cpu_kernels import activations, attention, norms, rope
 from cpu_kernels.quant.qtypes import dequantize
 from cpu_kernels.quant.quantize import UNWRITTEN, quantize
 from cpu_kernels.quant.registry import FORMATS
+from engine.core.kv_spec import LayerKV
 from engine.model.config import RopeScaling
+from engine.worker.runner import layer_cache
 from gpu_kernels import attention as dattn
 from gpu_kernels import ops
 from gpu_kernels.dequant import DEQUANT, FLOAT_TYPES, dequantize_rows
@@ -83,18 +85,29 @@ def test_activations_match(dev):
     np.testing.assert_allclose(ops.softcap(t(x, dev), 30.0).cpu().numpy(), want, rtol=1e-5, atol=1e-5)
 
 
+KV_DTYPES = ["fp16", "fp32", "fp8", "fp8_e5m2", "int8"]
+
+
+def written_cache(kv: str, rows: np.ndarray, NB: int, BS: int) -> np.ndarray:
+    """A cache of kv_cache_dtype kv holding f32 rows (NB * BS, Hkv, D) at their flat slots, written by
+    cpu_kernels (the bytes the device path must read as the CPU does)."""
+    k, _ = layer_cache(LayerKV(rows.shape[1], rows.shape[2]), NB, BS, kv)
+    attention.write_kv(rows, rows, k, k.copy(), np.arange(NB * BS, dtype=np.int64))
+    return k
+
+
 @pytest.mark.parametrize("dev", DEVICES)
-@pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("kv", KV_DTYPES)
 @pytest.mark.parametrize("window,cap", [(0, 0.0), (5, 0.0), (0, 20.0)])
-def test_paged_attention_matches(dev, kv_dtype, window, cap):
+def test_paged_attention_matches(dev, kv, window, cap):
     """A mixed batch (a prefill chunk after cached tokens, a decode, a fresh prompt) over shuffled blocks,
-    GQA 4:2; also cut into several groups by a tiny scratch budget."""
+    GQA 4:2; also cut into several groups by a tiny scratch budget; every KV storage, its bytes written by the CPU."""
     rng = np.random.default_rng(6)
     NB, BS, Hkv, Hq, D = 24, 4, 2, 4, 32
     q_lens, ctx = [5, 1, 7], [9, 13, 7]
     T = sum(q_lens)
-    k_cache = (rng.standard_normal((NB, BS, Hkv, D)) * 0.5).astype(kv_dtype)
-    v_cache = rng.standard_normal((NB, BS, Hkv, D)).astype(kv_dtype)
+    k_cache = written_cache(kv, (rng.standard_normal((NB * BS, Hkv, D)) * 0.5).astype(np.float32), NB, BS)
+    v_cache = written_cache(kv, rng.standard_normal((NB * BS, Hkv, D)).astype(np.float32), NB, BS)
     perm = rng.permutation(np.arange(1, NB))
     tables = np.zeros((3, 4), np.int32)
     for s in range(3):
@@ -110,17 +123,24 @@ def test_paged_attention_matches(dev, kv_dtype, window, cap):
 
 
 @pytest.mark.parametrize("dev", DEVICES)
-def test_write_kv_matches(dev):
+@pytest.mark.parametrize("kv", KV_DTYPES)
+def test_write_kv_matches(dev, kv):
+    """The device's rows are the CPU's bytes: fp8 values past the format's range saturate, q8_0 blocks of zeros
+    and of one value, values over 30 binades."""
     rng = np.random.default_rng(7)
-    k, v = (rng.standard_normal((5, 2, 16)).astype(np.float32) for _ in range(2))
+    k, v = ((rng.standard_normal((5, 2, 64)) * np.exp2(rng.integers(-15, 15, (5, 2, 1)))).astype(np.float32)
+            for _ in range(2))
+    k[0, 0, :32] = 0
+    k[1, 1, :32] = 0
+    k[1, 1, 3] = 1e6
     slots = np.array([3, 17, 4, 30, 8], np.int64)
-    kc, vc = np.zeros((8, 4, 2, 16), np.float16), np.zeros((8, 4, 2, 16), np.float16)
+    kc, vc = (layer_cache(LayerKV(2, 64), 8, 4, kv)[0] for _ in range(2))
     attention.write_kv(k, v, kc, vc, slots)
-    tk, tv = torch.zeros(8, 4, 2, 16, dtype=torch.float16, device=dev), torch.zeros(8, 4, 2, 16, dtype=torch.float16,
-                                                                                    device=dev)
+    tk, tv = torch.zeros(kc.shape, dtype=t(kc, "cpu").dtype, device=dev), torch.zeros(vc.shape, dtype=t(vc, "cpu").dtype,
+                                                                                        device=dev)
     dattn.write_kv(t(k, dev), t(v, dev), tk, tv, t(slots, dev))
-    np.testing.assert_array_equal(tk.cpu().numpy().view(np.uint16), kc.view(np.uint16))
-    np.testing.assert_array_equal(tv.cpu().numpy().view(np.uint16), vc.view(np.uint16))
+    np.testing.assert_array_equal(tk.cpu().numpy().view(kc.dtype), kc)
+    np.testing.assert_array_equal(tv.cpu().numpy().view(vc.dtype), vc)
 
 
 @pytest.mark.parametrize("dev", DEVICES)
