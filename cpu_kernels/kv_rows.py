@@ -75,10 +75,60 @@ def _i8x16(typingctx, row, b, i):
     return _f32x16(row, b, i), codegen
 
 
+@intrinsic
+def _fp8x16(typingctx, row, i):
+    """Bytes i..i+15 of an fp8 row (uint8: e4m3fn, int8: e5m2) as 16 float32 lanes, f16.py's conversions on a
+    vector: e4m3fn's byte sign-extended, shifted left by 7 and masked to 0xBF80 is float16 bits of the value / 256;
+    e5m2's byte is a float16's top byte. Exact (fpext of a half)."""
+    if not (isinstance(row, types.Array) and row.ndim == 1 and row.dtype in (types.uint8, types.int8)):
+        return None
+    e4m3 = row.dtype == types.uint8
+
+    def codegen(context, builder, sig, args):
+        a = context.make_array(sig.args[0])(context, builder, args[0])
+        at = context.cast(builder, args[1], sig.args[1], types.intp)
+        ptr = builder.bitcast(builder.gep(a.data, [at]), ir.VectorType(ir.IntType(8), 16).as_pointer())
+        b, i16 = builder.load(ptr, align=1), ir.VectorType(ir.IntType(16), 16)
+        if e4m3:
+            w = builder.and_(builder.shl(builder.sext(b, i16), ir.Constant(i16, [7] * 16)),
+                             ir.Constant(i16, [0xBF80] * 16))
+        else:
+            w = builder.shl(builder.zext(b, i16), ir.Constant(i16, [8] * 16))
+        f = builder.fpext(builder.bitcast(w, ir.VectorType(ir.HalfType(), 16)), ir.VectorType(ir.FloatType(), 16))
+        return builder.fmul(f, ir.Constant(f.type, [256.0 if e4m3 else 1.0] * 16)) if e4m3 else f
+    return _f32x16(row, i), codegen
+
+
+@njit(**_JIT)
+def _load_fp8(src, dst):
+    D = src.shape[0]
+    i = 0
+    while i + 16 <= D:
+        _vstore(dst, i, _fp8x16(src, i))
+        i += 16
+    for d in range(i, D):
+        dst[d] = _load_f32(src[d])
+
+
+@intrinsic
+def _q8_scale(typingctx, row, b):
+    """Block b's f16 scale of a q8_0 row (C-contiguous uint8 (nblocks, 34)) as float32: one 16-bit load, fpext."""
+    if not (isinstance(row, types.Array) and row.ndim == 2 and row.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a = context.make_array(sig.args[0])(context, builder, args[0])
+        blk = context.cast(builder, args[1], sig.args[1], types.intp)
+        ptr = builder.bitcast(builder.gep(a.data, [builder.mul(blk, ir.Constant(blk.type, 34))]),
+                              ir.HalfType().as_pointer())
+        return builder.fpext(builder.load(ptr, align=1), ir.FloatType())
+    return types.float32(row, b), codegen
+
+
 @njit(**_JIT)
 def _load_q8(src, dst):
     for b in range(src.shape[0]):
-        d = f16_to_f32(np.uint16(np.uint16(src[b, 0]) | (np.uint16(src[b, 1]) << np.uint16(8))))
+        d = _q8_scale(src, b)
         _vstore(dst, Q8 * b, _vmul(_i8x16(src, b, 2), d))
         _vstore(dst, Q8 * b + 16, _vmul(_i8x16(src, b, 18), d))
 
@@ -98,6 +148,8 @@ def _store_row_impl(src, dst):
 def _load_row_impl(src, dst):
     if isinstance(src, types.Array) and src.ndim == 2:
         return lambda src, dst: _load_q8(src, dst)
+    if isinstance(src, types.Array) and src.dtype in (types.uint8, types.int8):
+        return lambda src, dst: _load_fp8(src, dst)
 
     def load(src, dst):
         for d in range(src.shape[0]):
