@@ -79,6 +79,7 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         "total_weight_bytes": sum(v["bytes"] for v in types.values()),
         "kv_bytes_per_1k_tokens": kv_1k,
         "kv_bytes_per_1k_tokens_fp8": layout_bytes_per_block(full, 1024, "fp8"),  # --kv-cache-dtype fp8
+        "kv_bytes_per_1k_tokens_int8": _int8_kv_bytes(full),  # --kv-cache-dtype int8, None where it cannot run
         "kv_sliding_bytes_per_sequence": kv_seq,
         "sliding_window_layers": len(sliding),
         "kv_shared_layers": shared,
@@ -100,6 +101,13 @@ def _count(n: int) -> str:
         if n >= div:
             return f"{n / div:.2f}{suffix}"
     return str(n)
+
+
+def _int8_kv_bytes(layout) -> int | None:
+    try:
+        return layout_bytes_per_block(layout, 1024, "int8")
+    except ValueError:  # a head_dim q8_0 blocks cannot cover
+        return None
 
 
 def format_info(info: dict[str, Any]) -> str:
@@ -148,7 +156,9 @@ def format_info(info: dict[str, Any]) -> str:
     lines += [
         f"weights:        {_bytes(info['total_weight_bytes'])}",
         f"KV cache:       {_bytes(info['kv_bytes_per_1k_tokens'])} per 1k tokens ({info['kv_note']}); "
-        f"{_bytes(info['kv_bytes_per_1k_tokens_fp8'])} with --kv-cache-dtype fp8",
+        f"{_bytes(info['kv_bytes_per_1k_tokens_fp8'])} with --kv-cache-dtype fp8, " + (
+            f"{_bytes(info['kv_bytes_per_1k_tokens_int8'])} with int8" if info["kv_bytes_per_1k_tokens_int8"]
+            else "int8 needs a head_dim that is a multiple of 32"),
     ]
     if info.get("state_bytes_per_sequence"):
         lines.append(f"states:         {_bytes(info['state_bytes_per_sequence'])} per sequence (float32 conv and "

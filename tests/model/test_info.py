@@ -25,6 +25,7 @@ def test_tiny_gguf_info(tmp_path):
     assert info["total_weight_bytes"] == sum(t["bytes"] for t in types.values())
     assert info["kv_bytes_per_1k_tokens"] == 2 * 2 * 2 * 16 * 2 * 1024
     assert 2 * info["kv_bytes_per_1k_tokens_fp8"] == info["kv_bytes_per_1k_tokens"]
+    assert info["kv_bytes_per_1k_tokens_int8"] is None  # head_dim 16: no whole q8_0 block
     assert info["sliding_window_layers"] == 0
     text = format_info(info)
     assert "architecture:   llama" in text and "Q4_K" in text and "256.00 KiB per 1k tokens" in text
@@ -37,6 +38,7 @@ def test_gemma_info_counts_sliding_layers_per_sequence():
     assert info["num_tensors"] == 236 and info["config"]["num_layers"] == 18
     # only the 3 full-attention layers grow with the context; the 15 sliding ones hold 512 tokens per sequence
     assert info["kv_bytes_per_1k_tokens"] == kv_bytes_per_token(3, 1, 256) * 1024 == 3 * 1024 * 1024
+    assert info["kv_bytes_per_1k_tokens_int8"] == 3 * 2 * 256 // 32 * 34 * 1024  # q8_0: 34 bytes per 32 values
     assert info["kv_sliding_bytes_per_sequence"] == kv_bytes_per_token(15, 1, 256) * 512 == 7.5 * 1024 * 1024
     assert info["sliding_window_layers"] == 15
     assert info["tensor_types"]["Q8_0"]["count"] == 10
