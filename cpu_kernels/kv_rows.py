@@ -16,6 +16,14 @@ from cpu_kernels.vec16 import _f32x16, _vmul, _vstore
 
 _JIT = dict(cache=True, error_model="numpy")
 Q8 = 32  # values per q8_0 block (engine/core/kv_spec.Q8_BLOCK)
+STORAGES = ("float16", "float32", "uint8", "int8", "q8_0")  # engine/core/kv_spec.py's storage names
+
+
+def zeros_cache(num_blocks: int, block_size: int, num_heads: int, head_dim: int, storage: str) -> np.ndarray:
+    """A zeroed cache of a storage (kv_spec's LayerKV.block_shape, for the kernels' own warm-ups and tests)."""
+    if storage == "q8_0":
+        return np.zeros((num_blocks, block_size, num_heads, head_dim // Q8, Q8 + 2), np.uint8)
+    return np.zeros((num_blocks, block_size, num_heads, head_dim), storage)
 
 
 def head_dim(cache):

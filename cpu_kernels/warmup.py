@@ -7,7 +7,7 @@ from cpu_kernels import activations, attention, mla, moe, norms, rope
 from cpu_kernels.attn_inputs import attn_inputs, q_inputs, sigmoid_gate
 from cpu_kernels.delta_net import gdn_core
 from cpu_kernels.rope import RopeScaling
-from engine.core.kv_spec import KV_CACHE_DTYPES, row_shape, storage_array_dtype
+from cpu_kernels.kv_rows import STORAGES, zeros_cache
 
 
 def warmup(kv_storages=("float16", "float32")) -> None:
@@ -66,8 +66,7 @@ def warmup(kv_storages=("float16", "float32")) -> None:
         w = np.ones(d, f32)
         inv_freq, mscale = rope.rope_inv_freq(d, 10000.0, RopeScaling())
         k = np.ones((3, hkv, d), f32)
-        dtype = storage_array_dtype(storage)
-        k_cache = np.zeros((3, bs, hkv, *row_shape(d, storage)), dtype)
+        k_cache = zeros_cache(3, bs, hkv, d, storage)
         v_cache = np.zeros_like(k_cache)
         attention.write_kv(k, k, k_cache, v_cache, slots)
         for t in (1, 20):  # the serial and the parallel path
@@ -77,7 +76,7 @@ def warmup(kv_storages=("float16", "float32")) -> None:
                         k_cache, v_cache, np.arange(t, dtype=np.int64) % (3 * bs), v_norm=(w, 1e-6))  # V normed
             q_inputs((y, 0), hq, d, (w, 1e-6), cos, sin, True)  # a layer reading another layer's K/V
             sigmoid_gate(np.ones((t, 2, d), f32), (y, d), 2 * d)  # qwen3.5's gated attention
-        latent = np.zeros((3, bs, 1, *row_shape(2 * d, storage)), dtype)  # MLA: [latent (d) | rope key (d)], K read as V
+        latent = zeros_cache(3, bs, 1, 2 * d, storage)  # MLA: [latent (d) | rope key (d)], K read as V
         for t in (1, 20):
             y = np.ones((t, 2 * hq * d + 2 * d), f32)
             cos, sin = rope.rope_cos_sin(np.arange(t, dtype=np.int64), inv_freq, mscale)
@@ -117,7 +116,7 @@ def main(argv=None) -> None:
 
     from cpu_kernels import prewarm
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--kv-dtype", default="float16", choices=sorted(set(KV_CACHE_DTYPES.values())))
+    ap.add_argument("--kv-dtype", default="float16", choices=STORAGES)
     storage = ap.parse_args(argv).kv_dtype
     warmup(kv_storages=(storage,))
     prewarm.mark_done(prewarm.kernels_name(storage))

@@ -35,6 +35,10 @@ class EngineArgs:
         "or int4 (the linear layers, symmetric round-to-nearest per row / per 128 values, as Q8_0 / Q4_0 blocks). "
         "Quantized checkpoints are read as they are (their config.json says how)",
         choices=("fp8", "q8_0", "q4_k", "int8", "int4")))
+    structured_outputs_backend: str = field(default="auto", metadata=_meta(
+        "library that compiles structured outputs (JSON schema, regex, choice, grammar) into token masks: xgrammar, "
+        "guidance (llguidance), or auto: xgrammar, and guidance for what xgrammar cannot take (as vLLM)",
+        choices=("auto", "xgrammar", "guidance")))
     kv_cache_dtype: str = field(default="auto", metadata=_meta(
         "KV cache element type: auto (= fp16), fp16/float16, fp32/float32, fp8/fp8_e4m3 or fp8_e5m2 (one byte per "
         "value, unit scales as vLLM's uncalibrated fp8 KV; values past the format's range saturate), int8/q8_0 "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+from concurrent import futures
 import sys
 import threading
 import time
@@ -24,9 +25,12 @@ from engine.worker.runner import ModelRunner, SeqChunk
 from engine.sample.sampler import Sampler, SamplingRow, prompt_logprobs_for
 from engine.sample.sampling import SamplingParams
 from engine.core.scheduler import Scheduler
+from engine.structured.manager import StructuredOutputs
 
 PromptType = request_checks.PromptType
 LOGITS_SLICE = 128  # prompt-logprob rows turned into logits at once (128 x 262k f32 = 134 MB)
+GRAMMAR_WAIT_S = 0.05  # an idle step waits this long for a compiling grammar instead of spinning
+GRAMMAR_END = "structured_outputs: the grammar accepts no further token"  # stop_reason of such a completion
 
 
 def _import_torch() -> None:
@@ -66,6 +70,8 @@ class LLMEngine:
                                    enable_chunked_prefill=args.enable_chunked_prefill)
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
         self.sampler = Sampler(self.eos_token_ids, seed=args.seed)
+        self.structured = StructuredOutputs(self.tokenizer, self.config.vocab_size, args.structured_outputs_backend)
+        self._compiling: dict[str, tuple[ParentState, futures.Future]] = {}  # admitted once their grammar compiled
         self.parents: dict[str, ParentState] = {}
         self._fanning: dict[str, ParentState] = {}  # parents with completions still to create, oldest first
         self.children: dict[str, ChildState] = {}
@@ -114,10 +120,29 @@ class LLMEngine:
         text, ids = self.encode_prompt(prompt)
         self.validate_request(ids, params)
         parent = ParentState(request_id, text, ids, params)
+        if params.structured_outputs is not None:
+            fut = self.structured.compile(params.structured_outputs)
+            if not fut.done():
+                self.parents[request_id] = parent
+                self._compiling[request_id] = (parent, fut)  # _admit_ready admits it
+                return request_id
         self._admit(parent, self._make_child(parent, 0))  # raises before anything is registered
         self.parents[request_id] = parent
         self._fan_out(parent)
         return request_id
+
+    def _admit_ready(self, failures: dict[str, BaseException]) -> None:
+        """Admits the requests whose grammar has compiled (fails those whose grammar did not)."""
+        for rid, (parent, fut) in list(self._compiling.items()):
+            if not fut.done():
+                continue
+            del self._compiling[rid]
+            try:
+                fut.result()
+                self._admit(parent, self._make_child(parent, 0))
+                self._fan_out(parent)
+            except Exception as e:
+                self._fail_parent(rid, e, failures)
 
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Everything add_request checks about a prompt and its params, without queueing anything.
@@ -125,6 +150,8 @@ class LLMEngine:
         Reads only what never changes after load, so callers on other threads (the server) may use it.
         """
         request_checks.validate_request(prompt_token_ids, params, self.config.vocab_size, self.max_model_len)
+        if params.structured_outputs is not None:
+            self.structured.check(params.structured_outputs)  # the backend's own checks: ValueError naming them
 
     def _make_child(self, parent: ParentState, index: int) -> ChildState:
         """Completion `index` of a request, built whole (everything that can fail) but not yet scheduled."""
@@ -142,7 +169,9 @@ class LLMEngine:
         return ChildState(req, child_params, index, IncrementalDetokenizer(self.tokenizer, child_params, ids),
                           child_params.make_generator(),
                           logprobs=[] if child_params.logprobs is not None else None,
-                          prompt_logprobs=[] if child_params.prompt_logprobs is not None else None)
+                          prompt_logprobs=[] if child_params.prompt_logprobs is not None else None,
+                          grammar=None if params.structured_outputs is None
+                          else self.structured.matcher(params.structured_outputs))
 
     def _admit(self, parent: ParentState, child: ChildState) -> None:
         child_id = child.request_id
@@ -168,6 +197,7 @@ class LLMEngine:
         for rid in ids:
             parent = self.parents.pop(rid, None)
             self._fanning.pop(rid, None)
+            self._compiling.pop(rid, None)
             if parent is None:
                 continue
             for c in parent.children:
@@ -220,12 +250,15 @@ class LLMEngine:
     def _step(self, failures: dict[str, BaseException]) -> list[RequestOutput]:
         """schedule -> execute -> sample -> update_from_output. A request whose own part raises is failed
         alone (`failures`, by request id); an error in the batched forward fails the step's requests."""
+        self._admit_ready(failures)
         self._fan_out()
         so = self.scheduler.schedule()
         self._swap(so)  # before the early return: freed device blocks may be reused next step
         if so.state_copies:  # prefix-cache hits: each checkpoint into its request's state slot
             self.runner.copy_states(so.state_copies)
         if so.is_empty:
+            if self._compiling:  # only grammars to wait for: wait a little for the oldest, not in a busy loop
+                futures.wait([f for _, f in self._compiling.values()], GRAMMAR_WAIT_S, futures.FIRST_COMPLETED)
             return []
         now = time.time()
         live, chunks, want_prompt_lp = [], [], []
@@ -257,7 +290,8 @@ class LLMEngine:
                 except Exception as e:
                     self._fail(s.req_id, e, failures)
         kept = [(s, h) for s, h in zip(live, hidden) if s.req_id in self.children]
-        sampled = self._sample([s for s, _ in kept], [h for _, h in kept], failures)
+        ended: list[str] = []  # completions whose grammar accepts nothing more
+        sampled = self._sample([s for s, _ in kept], [h for _, h in kept], failures, ended)
         if sampled and fused_compile.pending():
             fused_compile.start_pending()  # after a first token, not before it (fused_compile's docstring)
         self.num_prompt_tokens += sum(s.num_tokens for s in so.scheduled if s.req_id in self.children and (
@@ -272,6 +306,11 @@ class LLMEngine:
             except Exception as e:
                 self._fail(rid, e, failures)
                 continue
+            touched[self._child_parent[rid]] = None
+        for rid in ended:  # finished in the scheduler by _sample
+            child = self.children[rid]
+            child.finish_reason, child.stop_reason = "stop", GRAMMAR_END
+            child.release()
             touched[self._child_parent[rid]] = None
         outputs = []
         for pid in touched:
@@ -333,9 +372,11 @@ class LLMEngine:
         if start == 0 and n == 0:
             child.prompt_logprobs.append(None)
 
-    def _sample(self, scheduled, hidden, failures: dict[str, BaseException]) -> dict[str, list[int]]:
+    def _sample(self, scheduled, hidden, failures: dict[str, BaseException],
+                 ended: list[str]) -> dict[str, list[int]]:
         """One token per scheduled entry that samples. A row whose sampling raises fails its request only:
-        the batch is sampled again row by row to find it."""
+        the batch is sampled again row by row to find it. Rows under a grammar sample from what it allows; one
+        whose grammar allows nothing more samples nothing and goes to `ended`."""
         rows, ids = [], []
         for s, h in zip(scheduled, hidden):
             if s.sample:
@@ -353,6 +394,14 @@ class LLMEngine:
         for rid in ids:
             c = self.children[rid]
             srows.append(SamplingRow(c.params, c.generator, c.request.prompt_token_ids, c.request.output_token_ids))
+        constrained = [i for i, rid in enumerate(ids) if self.children[rid].grammar is not None]
+        try:
+            allowed = self.structured.mask(logits, constrained, [self.children[ids[i]].grammar for i in constrained])
+        except Exception as e:
+            for i in constrained:
+                self._fail(ids[i], e, failures)
+            allowed = [False] * len(constrained)
+        stuck = {ids[i] for i, ok in zip(constrained, allowed) if not ok}
         try:
             out = self.sampler.sample(logits, srows)
             picks = [(int(out.token_ids[i]), out.logprobs[i]) for i in range(len(ids))]
@@ -371,6 +420,10 @@ class LLMEngine:
                 continue
             tok, lp = pick
             c = self.children[rid]
+            if rid in stuck or (c.grammar is not None and not c.grammar.accept(tok)):
+                self.scheduler.finish_requests(rid, "stop")  # before update_from_output, which wants a token
+                ended.append(rid)
+                continue
             try:
                 if c.logprobs is not None:
                     fill_decoded_tokens(self.tokenizer, [lp])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -31,6 +31,7 @@ class ChildState:
     finish_reason: Optional[str] = None
     stop_reason: object = None
     final: Optional[CompletionOutput] = None  # set by release()
+    grammar: Optional[Any] = None  # structured outputs: the completion's matcher (engine/structured/backends.py)
     request_id: str = field(init=False)
     num_cached_tokens: int = field(init=False, default=0)  # kept from the Request at release
 
@@ -50,7 +51,7 @@ class ChildState:
         """A finished completion keeps its output only."""
         self.final = self.completion()
         self.num_cached_tokens = self.request.num_cached_tokens
-        self.request = self.detok = self.generator = None
+        self.request = self.detok = self.generator = self.grammar = None
 
     @property
     def cached_tokens(self) -> int:

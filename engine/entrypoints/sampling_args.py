@@ -40,6 +40,7 @@ LEFT_OUT = {
     "prompt_logprobs": "the commands print text, not log-probabilities",
     "detokenize": "the commands print text (and stop strings need it)",
     "output_kind": "the commands read the cumulative outputs themselves",
+    "structured_outputs": "the commands print free text; the server and LLM take schemas and grammars",
 }
 
 # field -> flag name where the field's own would clash with an engine flag.

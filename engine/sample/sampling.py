@@ -13,6 +13,7 @@ from typing import Optional, Union
 import numpy as np
 
 from cpu_kernels import envs
+from engine.structured.params import StructuredOutputsParams
 
 # Below this temperature a request is greedy (vLLM's _SAMPLING_EPS).
 _SAMPLING_EPS = 1e-5
@@ -60,6 +61,8 @@ class SamplingParams:
     logit_bias: token_id -> bias added to that token's logit before anything else.
     detokenize: produce text (False: token ids only; stop strings need it).
     output_kind: CUMULATIVE, DELTA (streaming) or FINAL_ONLY.
+    structured_outputs: StructuredOutputsParams (or a dict of its fields): the output must match a JSON schema,
+        a regex, a choice or a grammar (engine/structured/).
     """
     n: int = 1
     best_of: Optional[int] = None
@@ -84,6 +87,7 @@ class SamplingParams:
     logit_bias: Optional[dict[int, float]] = None
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: Optional[StructuredOutputsParams] = None
     # Characters of text held back in streaming so that a stop string is never half-sent
     # (vLLM's output_text_buffer_length); derived, not an argument.
     output_text_buffer_length: int = field(default=0, init=False, repr=False)
@@ -106,6 +110,11 @@ class SamplingParams:
             self.top_k = 0
         if self.logit_bias is not None:
             self.logit_bias = _parse_logit_bias(self.logit_bias)
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        elif self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams (or a dict of its fields), got "
+                             f"{type(self.structured_outputs).__name__}.")
         self._verify_args()
         if self.temperature < _SAMPLING_EPS:
             # Greedy: the truncation knobs cannot change the argmax, so turn them off.

@@ -73,6 +73,7 @@ def api_error_response(path: str, e: APIError) -> JSONResponse:
 
 
 def param_of_value_error(message: str, fields: tuple[str, ...]) -> Optional[str]:
-    """SamplingParams messages start with the field name ("top_p must be in (0, 1], ...")."""
-    first = message.split(" ", 1)[0].strip(":,.")
+    """SamplingParams messages start with the field name ("top_p must be in (0, 1], ...", or a dotted path into it:
+    "structured_outputs.json (xgrammar): ...")."""
+    first = message.split(" ", 1)[0].strip(":,.").split(".")[0]
     return first if first in fields else None

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_core import PydanticCustomError
 
 from engine.sample.sampling import SamplingParams
+from engine.structured.params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0  # OpenAI's documented range is [-100, 100]
@@ -27,6 +28,20 @@ class _Body(BaseModel):
 class StreamOptions(_Body):
     include_usage: Optional[bool] = True  # vLLM's default: asking for stream options asks for the usage
     continuous_usage_stats: Optional[bool] = False
+
+
+class JsonSchemaFormat(_Body):
+    name: Optional[str] = None
+    description: Optional[str] = None
+    # "schema" in JSON (pydantic reserves the name); the SDKs send strict: true with parse()
+    json_schema: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Body):
+    """OpenAI's response_format: text, json_object, or json_schema with its schema."""
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
 
 
 class _SamplingFields(_Body):
@@ -55,6 +70,8 @@ class _SamplingFields(_Body):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     prompt_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[dict[str, Any]] = None  # vLLM's: StructuredOutputsParams's fields
 
     @field_validator("stream_options", mode="before")
     @classmethod
@@ -87,7 +104,25 @@ class _SamplingFields(_Body):
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
-            logit_bias=self.logit_bias)
+            logit_bias=self.logit_bias, structured_outputs=self._structured_outputs())
+
+    def _structured_outputs(self) -> Optional[StructuredOutputsParams]:
+        """response_format or structured_outputs (not both) as StructuredOutputsParams; ValueError naming the field."""
+        fmt, so = self.response_format, self.structured_outputs
+        if fmt is not None and fmt.type != "text" and so is not None:
+            raise ValueError("response_format and structured_outputs cannot both constrain the output; use one")
+        if so is not None:
+            unknown = sorted(set(so) - {f for f in StructuredOutputsParams.__dataclass_fields__ if f[0] != "_"})
+            if unknown:
+                raise ValueError(f"structured_outputs has no field {', '.join(unknown)}")
+            return StructuredOutputsParams(**so)
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+            raise ValueError("response_format.json_schema.schema is required with type json_schema")
+        return StructuredOutputsParams(json=fmt.json_schema.json_schema)
 
     @property
     def include_usage(self) -> bool:

@@ -25,7 +25,8 @@ from engine.entrypoints.server.template_worker import TemplateError, TemplateRen
 
 SAMPLING_FIELDS = ("n", "best_of", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "max_tokens", "min_tokens", "logprobs",
-                   "top_logprobs", "prompt_logprobs", "stop", "stop_token_ids", "logit_bias", "seed")
+                   "top_logprobs", "prompt_logprobs", "stop", "stop_token_ids", "logit_bias", "seed",
+                   "response_format", "structured_outputs")
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf
 TOKENIZER_THREADS = min(8, os.cpu_count() or 1)  # the Rust tokenizer releases the GIL while it encodes
 UNTRUSTED_TEMPLATE = ("Chat template is passed with request, but --trust-request-chat-template is not set. "
