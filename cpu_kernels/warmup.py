@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpu_kernels import activations, attention, mla, moe, norms, rope
+from cpu_kernels import activations, attention, mla, moe, norms, rope, token_mask
 from cpu_kernels.attn_inputs import attn_inputs, q_inputs, sigmoid_gate
 from cpu_kernels.delta_net import gdn_core
 from cpu_kernels.rope import RopeScaling
@@ -52,6 +52,8 @@ def warmup(kv_storages=("float16", "float32")) -> None:
     for bias in (w, w_file):
         moe.expert_rows(logits, bias, 2, moe.SIGMOID, 4, 2, True, 2.5)
         moe.add_shared(logits.copy(), logits, bias, logits)
+
+    token_mask.apply_token_bitmask(np.zeros((2, 40), f32), np.array([1]), np.ones((1, 2), np.int32))  # grammars
 
     ids, weights = moe.expert_rows(x, none, 2, moe.SOFTMAX, 1, 1, True, 1.0)  # Gemma 4's router input and scales
     moe.scale_chosen(ids, weights, w)

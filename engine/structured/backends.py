@@ -95,7 +95,7 @@ class XgrammarBackend:
                                  "xgrammar does not enforce (the guidance backend may)")
         try:
             self._grammar(p)
-        except (RuntimeError, ValueError, TypeError) as e:
+        except Exception as e:  # the libraries raise several types for a bad constraint: all are the request's
             raise ValueError(f"structured_outputs.{p.kind} (xgrammar): {_first_line(e)}") from None
 
     def _grammar(self, p: StructuredOutputsParams):
@@ -111,12 +111,17 @@ class XgrammarBackend:
             return G.from_ebnf(choice_grammar(p.choice, "root"))
         if kind == "grammar":
             return G.from_lark(p.grammar) if is_lark(p.grammar) else G.from_ebnf(p.grammar)
-        return G.from_structural_tag(p.schema_text())
+        tag = json.loads(p.schema_text())
+        if "structures" in tag:  # vLLM's form: structures of begin / schema / end, and the triggers
+            items = [self.xgr.StructuralTagItem(begin=st["begin"], schema=json.dumps(st.get("schema", {})),
+                                                end=st["end"]) for st in tag["structures"]]
+            return G.from_structural_tag(items, tag.get("triggers", []))
+        return G.from_structural_tag(p.schema_text())  # xgrammar's own StructuralTag JSON
 
     def compile(self, p: StructuredOutputsParams):
         try:
             return self.compiler.compile_grammar(self._grammar(p))
-        except (RuntimeError, ValueError, TypeError) as e:
+        except Exception as e:  # the libraries raise several types for a bad constraint: all are the request's
             raise ValueError(f"structured_outputs.{p.kind} (xgrammar): {_first_line(e)}") from None
 
     def matcher(self, compiled) -> "XgrammarMatcher":
@@ -171,7 +176,7 @@ class GuidanceBackend:
     def check(self, p: StructuredOutputsParams) -> None:
         try:
             grammar = self._grammar(p)
-        except (RuntimeError, ValueError, TypeError) as e:
+        except Exception as e:  # the libraries raise several types for a bad constraint: all are the request's
             raise ValueError(f"structured_outputs.{p.kind} (guidance): {_first_line(e)}") from None
         err = self.llg.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if err:

@@ -13,6 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from cpu_kernels.token_mask import apply_token_bitmask
 from engine.structured.backends import GuidanceBackend, XgrammarBackend
 from engine.structured.params import BACKENDS, StructuredOutputsParams
 
@@ -28,6 +29,7 @@ class StructuredOutputs:
         self._backends: dict = {}
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple, Future] = OrderedDict()
+        self._chosen: OrderedDict[tuple, str] = OrderedDict()  # params key -> the backend that takes it
         self._pool = None
 
     def backend(self, name: str):
@@ -38,25 +40,31 @@ class StructuredOutputs:
             return self._backends[name]
 
     def check(self, p: StructuredOutputsParams) -> str:
-        """The backend that takes p (recorded in p); ValueError naming the problem when none does."""
-        if p._backend is not None:
-            return p._backend
+        """The backend that takes p; ValueError naming the problem when none does."""
+        key = (*p.key(), p.disable_fallback)
+        with self._lock:
+            if key in self._chosen:
+                return self._chosen[key]
         if self.default != "auto":
             self.backend(self.default).check(p)
-            p._backend = self.default
-            return p._backend
-        try:
-            self.backend("xgrammar").check(p)
-            p._backend = "xgrammar"
-        except ValueError as first:
-            if p.disable_fallback:
-                raise
+            name = self.default
+        else:
             try:
-                self.backend("guidance").check(p)
-            except ValueError:
-                raise first from None
-            p._backend = "guidance"
-        return p._backend
+                self.backend("xgrammar").check(p)
+                name = "xgrammar"
+            except ValueError as first:
+                if p.disable_fallback:
+                    raise
+                try:
+                    self.backend("guidance").check(p)
+                except ValueError:
+                    raise first from None
+                name = "guidance"
+        with self._lock:
+            self._chosen[key] = name
+            while len(self._chosen) > CACHE_SIZE:
+                self._chosen.popitem(last=False)
+        return name
 
     def compile(self, p: StructuredOutputsParams) -> Future:
         """The compiled grammar of p, compiling on the worker thread unless cached."""
@@ -81,13 +89,12 @@ class StructuredOutputs:
 
     def mask(self, logits: np.ndarray, rows: list[int], matchers: list) -> list[bool]:
         """Sets the logits of tokens the grammars refuse to -inf, rows[j] by matchers[j]; per row, whether any token
-        is left (a grammar that accepts nothing more ends its request)."""
+        is left (a grammar that accepts nothing more ends its request). logits: f32 (R, V), changed in place."""
         if not rows:
             return []
-        V = logits.shape[1]
-        bitmask = np.zeros((len(rows), (V + 31) // 32), np.int32)
+        if logits.dtype != np.float32 or not logits.flags.c_contiguous:
+            raise ValueError("structured outputs mask C-contiguous float32 logits in place")
+        bitmask = np.zeros((len(rows), (logits.shape[1] + 31) // 32), np.int32)
         for j, m in enumerate(matchers):
             m.fill(bitmask, j)
-        allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :V].astype(bool)
-        logits[rows] = np.where(allowed, logits[rows], np.float32(-np.inf))
-        return allowed.any(axis=1).tolist()
+        return apply_token_bitmask(logits, np.asarray(rows, np.int64), bitmask).tolist()

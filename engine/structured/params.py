@@ -7,7 +7,7 @@ as a JSON string or dict) is set. The backend compiles it into a token mask appl
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
@@ -34,7 +34,6 @@ class StructuredOutputsParams:
     disable_additional_properties: bool = False
     whitespace_pattern: Optional[str] = None
     structural_tag: Optional[Union[str, dict]] = None
-    _backend: Optional[str] = field(default=None, init=False, repr=False)  # chosen at admission (auto)
 
     def __post_init__(self) -> None:
         set_kinds = [k for k in KINDS if getattr(self, k) not in (None, False)]

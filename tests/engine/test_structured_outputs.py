@@ -127,3 +127,22 @@ def test_auto_sends_what_xgrammar_would_not_enforce_to_guidance():
     assert isinstance(json.loads(text), dict) and not re.search(r"\s", outside_strings), text
     out = llm.generate(["A multiple of five:"], greedy(StructuredOutputsParams(json=multiple), 8), use_tqdm=False)
     assert int(out[0].outputs[0].text) % 5 == 0
+
+
+def test_structural_tags_dispatch_on_their_triggers():
+    """vLLM's structural_tag form: free text until a trigger, then the structure's schema up to its end tag. Fed a
+    string token by token, the matcher takes a valid call and refuses a call that breaks the schema."""
+    llm = LLM(max_model_len=128, structured_outputs_backend="xgrammar")
+    manager, tok = llm.llm_engine.structured, llm.get_tokenizer()
+    tag = {"type": "structural_tag", "triggers": ["<fn"], "structures": [
+        {"begin": "<fn=add>", "schema": {"type": "object", "properties": {"a": {"type": "integer"}},
+                                          "required": ["a"], "additionalProperties": False}, "end": "</fn>"}]}
+    so = StructuredOutputsParams(structural_tag=json.dumps(tag))
+
+    def takes(text: str) -> bool:
+        m = manager.matcher(so)
+        return all(m.accept(t) for t in tok.encode(text, add_special_tokens=False))
+    assert takes('Let me add. <fn=add>{"a": 12}</fn> Done.')
+    assert not takes('Let me add. <fn=add>{"b": 12}')
+    with pytest.raises(ValueError, match="structural_tag is an xgrammar feature"):
+        LLM(max_model_len=128, structured_outputs_backend="guidance").generate(["x"], greedy(so), use_tqdm=False)
