@@ -69,7 +69,7 @@ def _store_q8(src, dst):
 def _i8x16(typingctx, row, b, i):
     """Bytes i..i+15 of block b of a q8_0 row (C-contiguous uint8 (nblocks, 34)) as int8, widened to 16 float32
     lanes (vpmovsxbd + vcvtdq2ps)."""
-    if not (isinstance(row, types.Array) and row.ndim == 2 and row.dtype == types.uint8):
+    if not (isinstance(row, types.Array) and row.ndim == 2 and row.layout == "C" and row.dtype == types.uint8):
         return None
 
     def codegen(context, builder, sig, args):
@@ -88,7 +88,8 @@ def _fp8x16(typingctx, row, i):
     """Bytes i..i+15 of an fp8 row (uint8: e4m3fn, int8: e5m2) as 16 float32 lanes, f16.py's conversions on a
     vector: e4m3fn's byte sign-extended, shifted left by 7 and masked to 0xBF80 is float16 bits of the value / 256;
     e5m2's byte is a float16's top byte. Exact (fpext of a half)."""
-    if not (isinstance(row, types.Array) and row.ndim == 1 and row.dtype in (types.uint8, types.int8)):
+    if not (isinstance(row, types.Array) and row.ndim == 1 and row.layout == "C"
+            and row.dtype in (types.uint8, types.int8)):
         return None
     e4m3 = row.dtype == types.uint8
 
@@ -121,7 +122,7 @@ def _load_fp8(src, dst):
 @intrinsic
 def _q8_scale(typingctx, row, b):
     """Block b's f16 scale of a q8_0 row (C-contiguous uint8 (nblocks, 34)) as float32: one 16-bit load, fpext."""
-    if not (isinstance(row, types.Array) and row.ndim == 2 and row.dtype == types.uint8):
+    if not (isinstance(row, types.Array) and row.ndim == 2 and row.layout == "C" and row.dtype == types.uint8):
         return None
 
     def codegen(context, builder, sig, args):

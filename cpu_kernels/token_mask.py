@@ -33,6 +33,10 @@ def apply_token_bitmask(logits: np.ndarray, rows: np.ndarray, bitmask: np.ndarra
     Returns bool (n,): whether the row's mask allows any token."""
     if bitmask.shape != (rows.shape[0], (logits.shape[1] + 31) // 32):
         raise ValueError("apply_token_bitmask: one bitmask row of ceil(V / 32) words per masked row")
+    if logits.dtype != np.float32 or not logits.flags.c_contiguous or logits.ndim != 2:
+        raise ValueError("apply_token_bitmask: logits must be C-contiguous float32 (R, V), masked in place")
+    if rows.size and (rows.min() < 0 or rows.max() >= logits.shape[0]):
+        raise ValueError("apply_token_bitmask: a row index outside the logits")
     allowed = np.zeros(rows.shape[0], np.bool_)
     _apply(logits, np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(bitmask, np.int32), allowed)
     return allowed

@@ -71,7 +71,8 @@ class LLMEngine:
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
         self.sampler = Sampler(self.eos_token_ids, seed=args.seed)
         self.structured = StructuredOutputs(self.tokenizer, self.config.vocab_size, args.structured_outputs_backend)
-        self._compiling: dict[str, tuple[ParentState, futures.Future]] = {}  # admitted once their grammar compiled
+        # requests admitted once their grammar has compiled: (parent, backend, the compile's future)
+        self._compiling: dict[str, tuple[ParentState, str, futures.Future]] = {}
         self.parents: dict[str, ParentState] = {}
         self._fanning: dict[str, ParentState] = {}  # parents with completions still to create, oldest first
         self.children: dict[str, ChildState] = {}
@@ -120,12 +121,17 @@ class LLMEngine:
         text, ids = self.encode_prompt(prompt)
         self.validate_request(ids, params)
         parent = ParentState(request_id, text, ids, params)
-        if params.structured_outputs is not None:
-            fut = self.structured.compile(params.structured_outputs)
-            if not fut.done():
+        so = params.structured_outputs
+        if so is not None:
+            backend, fut = self.structured.check(so), self.structured.compile(so)
+            if not fut.done():  # _admit_ready admits it; the scheduler's refusals come now, as for any request
+                self.scheduler.check_request(self._make_child(parent, 0, with_grammar=False).request)
                 self.parents[request_id] = parent
-                self._compiling[request_id] = (parent, fut)  # _admit_ready admits it
+                self._compiling[request_id] = (parent, backend, fut)
                 return request_id
+            if fut.exception() is not None:
+                raise fut.exception()
+            parent.grammar = (backend, fut.result())
         self._admit(parent, self._make_child(parent, 0))  # raises before anything is registered
         self.parents[request_id] = parent
         self._fan_out(parent)
@@ -133,12 +139,12 @@ class LLMEngine:
 
     def _admit_ready(self, failures: dict[str, BaseException]) -> None:
         """Admits the requests whose grammar has compiled (fails those whose grammar did not)."""
-        for rid, (parent, fut) in list(self._compiling.items()):
+        for rid, (parent, backend, fut) in list(self._compiling.items()):
             if not fut.done():
                 continue
             del self._compiling[rid]
             try:
-                fut.result()
+                parent.grammar = (backend, fut.result())
                 self._admit(parent, self._make_child(parent, 0))
                 self._fan_out(parent)
             except Exception as e:
@@ -153,7 +159,7 @@ class LLMEngine:
         if params.structured_outputs is not None:
             self.structured.check(params.structured_outputs)  # the backend's own checks: ValueError naming them
 
-    def _make_child(self, parent: ParentState, index: int) -> ChildState:
+    def _make_child(self, parent: ParentState, index: int, with_grammar: bool = True) -> ChildState:
         """Completion `index` of a request, built whole (everything that can fail) but not yet scheduled."""
         params = parent.params
         child_params = params
@@ -170,8 +176,8 @@ class LLMEngine:
                           child_params.make_generator(),
                           logprobs=[] if child_params.logprobs is not None else None,
                           prompt_logprobs=[] if child_params.prompt_logprobs is not None else None,
-                          grammar=None if params.structured_outputs is None
-                          else self.structured.matcher(params.structured_outputs))
+                          grammar=self.structured.matcher(*parent.grammar) if with_grammar and parent.grammar
+                          else None)
 
     def _admit(self, parent: ParentState, child: ChildState) -> None:
         child_id = child.request_id
@@ -258,7 +264,7 @@ class LLMEngine:
             self.runner.copy_states(so.state_copies)
         if so.is_empty:
             if self._compiling:  # only grammars to wait for: wait a little for the oldest, not in a busy loop
-                futures.wait([f for _, f in self._compiling.values()], GRAMMAR_WAIT_S, futures.FIRST_COMPLETED)
+                futures.wait([f for *_, f in self._compiling.values()], GRAMMAR_WAIT_S, futures.FIRST_COMPLETED)
             return []
         now = time.time()
         live, chunks, want_prompt_lp = [], [], []
@@ -308,7 +314,10 @@ class LLMEngine:
                 continue
             touched[self._child_parent[rid]] = None
         for rid in ended:  # finished in the scheduler by _sample
-            child = self.children[rid]
+            child = self.children.get(rid)
+            if child is None:  # failed with a sibling completion
+                continue
+            child.detok.flush()
             child.finish_reason, child.stop_reason = "stop", GRAMMAR_END
             child.release()
             touched[self._child_parent[rid]] = None
@@ -395,13 +404,11 @@ class LLMEngine:
             c = self.children[rid]
             srows.append(SamplingRow(c.params, c.generator, c.request.prompt_token_ids, c.request.output_token_ids))
         constrained = [i for i, rid in enumerate(ids) if self.children[rid].grammar is not None]
-        try:
-            allowed = self.structured.mask(logits, constrained, [self.children[ids[i]].grammar for i in constrained])
-        except Exception as e:
-            for i in constrained:
-                self._fail(ids[i], e, failures)
-            allowed = [False] * len(constrained)
-        stuck = {ids[i] for i, ok in zip(constrained, allowed) if not ok}
+        allowed = self.structured.mask(logits, constrained, [self.children[ids[i]].grammar for i in constrained])
+        for i, ok in zip(constrained, allowed):
+            if isinstance(ok, Exception):  # this matcher failed: its request alone
+                self._fail(ids[i], ok, failures)
+        stuck = {ids[i] for i, ok in zip(constrained, allowed) if ok is False}
         try:
             out = self.sampler.sample(logits, srows)
             picks = [(int(out.token_ids[i]), out.logprobs[i]) for i in range(len(ids))]
@@ -420,11 +427,11 @@ class LLMEngine:
                 continue
             tok, lp = pick
             c = self.children[rid]
-            if rid in stuck or (c.grammar is not None and not c.grammar.accept(tok)):
-                self.scheduler.finish_requests(rid, "stop")  # before update_from_output, which wants a token
-                ended.append(rid)
-                continue
             try:
+                if rid in stuck or (c.grammar is not None and not c.grammar.accept(tok)):
+                    self.scheduler.finish_requests(rid, "stop")  # before update_from_output, which wants a token
+                    ended.append(rid)
+                    continue
                 if c.logprobs is not None:
                     fill_decoded_tokens(self.tokenizer, [lp])
                     c.logprobs.append(lp)

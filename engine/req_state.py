@@ -70,6 +70,7 @@ class ParentState:
     children: list[ChildState] = field(default_factory=list)
     first_token_time: Optional[float] = None
     first_scheduled_time: Optional[float] = None
+    grammar: Optional[tuple[str, Any]] = None  # structured outputs: (backend, compiled grammar) its children match
 
     @property
     def num_pending_children(self) -> int:

@@ -70,6 +70,13 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queues a request. Raises ValueError for a duplicate live id, a prompt longer than
         max_model_len, or a request whose KV could not fit in the whole pool even alone."""
+        self.check_request(request)
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def check_request(self, request: Request) -> None:
+        """add_request's checks (the ValueErrors it raises) without queueing the request."""
         rid = request.request_id
         if rid in self.requests:
             raise ValueError(f"request id {rid!r} is already in use")
@@ -83,9 +90,6 @@ class Scheduler:
             raise ValueError(f"request {rid!r}: up to {request.max_kv_tokens} tokens of KV need {short[0]} blocks of "
                              f"{self.kv.block_size}, but the KV cache has only {short[1]}; "
                              f"lower max_tokens or give the KV cache more memory")
-        request.status = RequestStatus.WAITING
-        self.requests[rid] = request
-        self.waiting.append(request)
 
     def finish_requests(self, request_ids: str | Iterable[str], reason: FinishReason = "abort") -> list[Request]:
         """Finishes live requests at any time (abort, or a stop string found by the detokenizer),

@@ -27,20 +27,36 @@ class StructuredOutputs:
             raise ValueError(f"structured_outputs_backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         self.tokenizer, self.vocab_size, self.default = tokenizer, vocab_size, backend
         self._backends: dict = {}
+        self._build_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple, Future] = OrderedDict()
         self._chosen: OrderedDict[tuple, str] = OrderedDict()  # params key -> the backend that takes it
         self._pool = None
 
     def backend(self, name: str):
-        """The named backend, built on first use (xgrammar ~0.2 s, guidance's tokenizer ~2 s for 262k tokens)."""
+        """The named backend, built on first use (xgrammar ~0.2 s, guidance's tokenizer ~2 s for 262k tokens) under
+        its own lock, so that building one never holds up the other."""
         with self._lock:
+            if name in self._backends:
+                return self._backends[name]
+            build_lock = self._build_locks.setdefault(name, threading.Lock())
+        with build_lock:
             if name not in self._backends:
-                self._backends[name] = _CLASSES[name](self.tokenizer, self.vocab_size)
-            return self._backends[name]
+                built = _CLASSES[name](self.tokenizer, self.vocab_size)
+                with self._lock:
+                    self._backends[name] = built
+        return self._backends[name]
 
     def check(self, p: StructuredOutputsParams) -> str:
-        """The backend that takes p; ValueError naming the problem when none does."""
+        """The backend that takes p; ValueError naming the problem when none does (whatever a library raised)."""
+        try:
+            return self._check(p)
+        except ValueError:
+            raise
+        except Exception as e:  # RecursionError of a deeply nested schema, a library's own types: the request's
+            raise ValueError(f"structured_outputs.{p.kind}: {type(e).__name__}: {e}") from None
+
+    def _check(self, p: StructuredOutputsParams) -> str:
         key = (*p.key(), p.disable_fallback)
         with self._lock:
             if key in self._chosen:
@@ -83,18 +99,23 @@ class StructuredOutputs:
                 self._cache.popitem(last=False)
         return fut
 
-    def matcher(self, p: StructuredOutputsParams):
-        """A fresh matcher for one completion (its grammar compiled: compile(p).done())."""
-        return self.backend(self.check(p)).matcher(self.compile(p).result())
+    def matcher(self, backend: str, compiled):
+        """A fresh matcher for one completion over a grammar `backend` compiled (what compile's future gave)."""
+        return self.backend(backend).matcher(compiled)
 
-    def mask(self, logits: np.ndarray, rows: list[int], matchers: list) -> list[bool]:
+    def mask(self, logits: np.ndarray, rows: list[int], matchers: list) -> list:
         """Sets the logits of tokens the grammars refuse to -inf, rows[j] by matchers[j]; per row, whether any token
-        is left (a grammar that accepts nothing more ends its request). logits: f32 (R, V), changed in place."""
+        is left (a grammar that accepts nothing more ends its request), or the exception its matcher raised (that
+        row is masked whole). logits: f32 (R, V) C-contiguous, changed in place."""
         if not rows:
             return []
-        if logits.dtype != np.float32 or not logits.flags.c_contiguous:
-            raise ValueError("structured outputs mask C-contiguous float32 logits in place")
         bitmask = np.zeros((len(rows), (logits.shape[1] + 31) // 32), np.int32)
+        errors: list = [None] * len(rows)
         for j, m in enumerate(matchers):
-            m.fill(bitmask, j)
-        return apply_token_bitmask(logits, np.asarray(rows, np.int64), bitmask).tolist()
+            try:
+                m.fill(bitmask, j)
+            except Exception as e:
+                bitmask[j] = 0
+                errors[j] = e
+        allowed = apply_token_bitmask(logits, np.asarray(rows, np.int64), bitmask).tolist()
+        return [e if e is not None else ok for e, ok in zip(errors, allowed)]

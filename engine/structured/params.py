@@ -43,6 +43,9 @@ class StructuredOutputsParams:
         if self.whitespace_pattern is not None and (not isinstance(self.whitespace_pattern, str)
                                                     or self.kind not in ("json", "json_object")):
             raise ValueError("structured_outputs.whitespace_pattern must be a regex string, with json or json_object")
+        for name in ("json_object", "disable_fallback", "disable_any_whitespace", "disable_additional_properties"):
+            if not isinstance(getattr(self, name), bool) and not (name == "json_object" and self.json_object is None):
+                raise ValueError(f"structured_outputs.{name} must be true or false")
         if self.choice is not None and (not isinstance(self.choice, list) or not self.choice
                                         or not all(isinstance(c, str) for c in self.choice)):
             raise ValueError("structured_outputs.choice must be a non-empty list of strings")
@@ -51,7 +54,7 @@ class StructuredOutputsParams:
             if isinstance(value, str):
                 try:
                     json.loads(value)
-                except json.JSONDecodeError as e:
+                except (json.JSONDecodeError, RecursionError) as e:
                     raise ValueError(f"structured_outputs.{name} is not valid JSON: {e}") from None
             elif value is not None and not isinstance(value, dict):
                 raise ValueError(f"structured_outputs.{name} must be a JSON object or its text")

@@ -11,6 +11,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.engine import GRAMMAR_END
+from engine.errors import RequestsFailed
 from engine.structured.params import StructuredOutputsParams
 from tests.engine.structured_schemas import MODELS, Paint, prompt_for
 
@@ -140,9 +141,45 @@ def test_structural_tags_dispatch_on_their_triggers():
     so = StructuredOutputsParams(structural_tag=json.dumps(tag))
 
     def takes(text: str) -> bool:
-        m = manager.matcher(so)
+        m = manager.matcher(manager.check(so), manager.compile(so).result())
         return all(m.accept(t) for t in tok.encode(text, add_special_tokens=False))
     assert takes('Let me add. <fn=add>{"a": 12}</fn> Done.')
     assert not takes('Let me add. <fn=add>{"b": 12}')
     with pytest.raises(ValueError, match="structural_tag is an xgrammar feature"):
         LLM(max_model_len=128, structured_outputs_backend="guidance").generate(["x"], greedy(so), use_tqdm=False)
+
+
+def test_odd_constraints_are_value_errors_not_crashes(llm):
+    """Non-boolean flags, a schema nested past Python's recursion limit, and a matcher that raises mid-step: each
+    fails its own request with a ValueError (or alone in the step) and the engine goes on."""
+    with pytest.raises(ValueError, match="disable_fallback must be true or false"):
+        StructuredOutputsParams(json_object=True, disable_fallback="false")
+    deep: dict = {"type": "string"}
+    for _ in range(5000):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(ValueError, match="structured_outputs.json"):
+        llm.llm_engine.structured.check(StructuredOutputsParams(json=deep))
+    so = StructuredOutputsParams(choice=["alpha", "beta"])
+    free = SamplingParams(max_tokens=8, temperature=0.0)
+    engine = llm.llm_engine
+    bad = engine.add_request("bad", "Answer: ", greedy(so, 8))
+    good = engine.add_request("good", "The capital of France is", free)
+    for _ in range(100):  # until both are admitted (the grammar may still be compiling)
+        if "bad" in engine.children and "good" in engine.children:
+            break
+        engine.step()
+
+    def broken(bitmask, row):
+        raise RuntimeError("matcher broke")
+    engine.children["bad"].grammar.fill = broken
+    outputs, failed = {}, {}
+    while engine.has_unfinished_requests():
+        try:
+            outs = engine.step()
+        except RequestsFailed as e:
+            failed.update(e.failures)
+            outs = e.outputs
+        outputs.update({o.request_id: o for o in outs if o.finished})
+    assert set(failed) == {bad} and "matcher broke" in str(failed[bad])
+    assert outputs[good].outputs[0].text == llm.generate(["The capital of France is"], free,
+                                                         use_tqdm=False)[0].outputs[0].text
