@@ -17,15 +17,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from cpu_kernels.kv_rows import head_dim
+
 SCRATCH_BYTES = 256 << 20  # scores + gathered K/V per group, float32
 
 
 _FP8 = {torch.uint8: (torch.float8_e4m3fn, 448.0), torch.int8: (torch.float8_e5m2, 57344.0)}  # the fp8 bytes
-
-
-def head_dim(cache: torch.Tensor) -> int:
-    """Values per cached row (q8_0's 5-D cache: blocks of 32)."""
-    return cache.shape[3] * 32 if cache.dim() == 5 else cache.shape[3]
 
 
 def _q8_0(x: torch.Tensor) -> torch.Tensor:
