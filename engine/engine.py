@@ -26,6 +26,7 @@ from engine.sample.sampler import Sampler, SamplingRow, prompt_logprobs_for
 from engine.sample.sampling import SamplingParams
 from engine.core.scheduler import Scheduler
 from engine.structured.manager import StructuredOutputs
+from engine.structured.reasoning_gate import AfterReasoning
 
 PromptType = request_checks.PromptType
 LOGITS_SLICE = 128  # prompt-logprob rows turned into logits at once (128 x 262k f32 = 134 MB)
@@ -176,8 +177,15 @@ class LLMEngine:
                           child_params.make_generator(),
                           logprobs=[] if child_params.logprobs is not None else None,
                           prompt_logprobs=[] if child_params.prompt_logprobs is not None else None,
-                          grammar=self.structured.matcher(*parent.grammar) if with_grammar and parent.grammar
-                          else None)
+                          grammar=self._matcher(parent) if with_grammar and parent.grammar else None)
+
+    def _matcher(self, parent: ParentState):
+        """A completion's grammar matcher; after the reasoning block when the server's reasoning parser says so."""
+        matcher = self.structured.matcher(*parent.grammar)
+        end = parent.params.structured_outputs._reasoning_end
+        if end:
+            return AfterReasoning(matcher, end, lambda t: self.tokenizer.decode([t], skip_special_tokens=False))
+        return matcher
 
     def _admit(self, parent: ParentState, child: ChildState) -> None:
         child_id = child.request_id

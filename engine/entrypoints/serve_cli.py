@@ -41,6 +41,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template-timeout", type=_positive_float, default=limits.CHAT_TEMPLATE_TIMEOUT_S,
                    metavar="SECONDS", help="a chat template that renders for longer is stopped and the request "
                                            "gets 400 (templates render in worker processes)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='let the model call tools on its own (tool_choice "auto"); needs --tool-call-parser')
+    p.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                   help="how the model writes tool calls: hermes, llama3_json, mistral, qwen3_xml, qwen3_coder, "
+                        "pythonic, openai, gemma4 (vLLM's names)")
+    p.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                   help="split the model's reasoning from its answer (message.reasoning): qwen3, deepseek_r1, "
+                        "deepseek_v3, glm45, openai (vLLM's names)")
+    p.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+                   help='do not show the tools to the chat template when tool_choice is "none"')
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     p.add_argument("--disable-access-log", action="store_true", help="do not log every request")
@@ -104,12 +114,19 @@ def run_serve(ns: argparse.Namespace) -> int:
     from engine.entrypoints.server.metrics import ServerMetrics
     from engine.entrypoints.server.serving import ServerState
     from engine.entrypoints.server.template_worker import TemplateRenderer
+    from engine.entrypoints.server.tool_calling import ToolConfig
 
     if ns.model_tag is not None:
         if ns.model is not None and ns.model != ns.model_tag:
             print(f"ramlm serve: got two models: {ns.model_tag!r} and --model {ns.model!r}", file=sys.stderr)
             return 2
         ns.model = ns.model_tag
+    try:
+        tools = ToolConfig(ns.enable_auto_tool_choice, ns.tool_call_parser, ns.reasoning_parser,
+                           ns.exclude_tools_when_tool_choice_none)
+    except ValueError as e:
+        print(f"ramlm serve: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     args = EngineArgs.from_cli_args(ns)
 
@@ -128,7 +145,7 @@ def run_serve(ns: argparse.Namespace) -> int:
                      on_aborted=metrics.on_aborted)
     state = ServerState(engine=engine, model_names=list(names), model_path=llm_engine.model_path, metrics=metrics,
                         trust_request_chat_template=ns.trust_request_chat_template,
-                        templates=TemplateRenderer(timeout_s=ns.chat_template_timeout))
+                        templates=TemplateRenderer(timeout_s=ns.chat_template_timeout), tools=tools)
     api_key = ns.api_key or envs.get("RAMLM_API_KEY") or None
     app = build_app(state, api_key=api_key, max_body_bytes=ns.max_request_body_bytes,
                     body_timeout_s=ns.timeout_request_body)

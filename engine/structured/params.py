@@ -34,6 +34,8 @@ class StructuredOutputsParams:
     disable_additional_properties: bool = False
     whitespace_pattern: Optional[str] = None
     structural_tag: Optional[Union[str, dict]] = None
+    # set by the server's reasoning parser: the grammar applies after this text ends the reasoning block
+    _reasoning_end: Optional[str] = None
 
     def __post_init__(self) -> None:
         set_kinds = [k for k in KINDS if getattr(self, k) not in (None, False)]

@@ -183,3 +183,16 @@ def test_odd_constraints_are_value_errors_not_crashes(llm):
     assert set(failed) == {bad} and "matcher broke" in str(failed[bad])
     assert outputs[good].outputs[0].text == llm.generate(["The capital of France is"], free,
                                                          use_tqdm=False)[0].outputs[0].text
+
+
+def test_grammar_starts_after_the_reasoning_end(llm):
+    """With a reasoning parser the grammar constrains the answer, not the reasoning: tokens are free until the
+    text shows the end marker (here ", " stands for "</think>", which gemma-3-270m does not write), then the
+    regex holds."""
+    so = StructuredOutputsParams(regex="[0-9]{3}")
+    so._reasoning_end = ", "
+    out = llm.generate(["Name three colours, one after another"], greedy(so, max_tokens=60))[0].outputs[0]
+    tok, ids = llm.get_tokenizer(), list(out.token_ids)
+    opened = next(i for i in range(len(ids)) if ", " in tok.decode(ids[:i + 1], skip_special_tokens=False))
+    assert opened > 0 and re.fullmatch("[0-9]{3}", tok.decode(ids[opened + 1:])), out.text
+    assert out.finish_reason == "stop"

@@ -1,20 +1,26 @@
 """Anthropic Messages API: POST /v1/messages (plain and streaming) and /v1/messages/count_tokens.
 
-Streaming sends message_start, content_block_start, ping (once the request is scheduled, when its
-prefix-cache hit is known), content_block_delta (text_delta)..., content_block_stop, message_delta
-(stop_reason, usage), message_stop. A last assistant message is a prefill: the reply continues it.
+Streaming sends message_start (once the request is scheduled, when its prefix-cache hit is known), then per
+content block (thinking with --reasoning-parser, text, tool_use) content_block_start, content_block_delta
+(thinking_delta, text_delta, input_json_delta)..., content_block_stop, a ping after the first block's start, then
+message_delta (stop_reason, usage) and message_stop. Tools and tool_choice (auto, any, tool, none) go through the
+chat API's tool plan (tool_calling.py). A last assistant message is a prefill: the reply continues it.
 `usage` splits the prompt as Anthropic does: cache_read_input_tokens (prefix-cache hits),
 cache_creation_input_tokens (full blocks computed and cached here) and input_tokens (the rest).
 """
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.entrypoints.server import openapi
+from engine.entrypoints.server import openapi, tool_calling
+from engine.entrypoints.server.errors import bad_request
+from engine.entrypoints.server.message_parsing import Delta, MessageParser, MessageStream
+from engine.entrypoints.server.tool_calling import ToolPlan
 from engine.entrypoints.server.protocol import CountTokensRequest, MessagesRequest, content_text
 from engine.entrypoints.server.responses import AnthropicStreamEvent, CountTokensResponse, MessagesResponse
 from engine.entrypoints.server.serving import (ServerState, add_requests, collect, merge, sampling_params, sse, state_of,
@@ -25,17 +31,63 @@ PATH = "/v1/messages"
 
 
 def _messages(body) -> list[dict]:
+    """Anthropic messages -> chat-template messages: tool_result blocks become tool messages, tool_use blocks the
+    assistant's tool_calls, thinking blocks its reasoning."""
     out = []
     if body.system:
         out.append({"role": "system", "content": content_text(body.system)})
-    out += [{"role": m.role, "content": content_text(m.content)} for m in body.messages]
+    for m in body.messages:
+        if isinstance(m.content, str):
+            out.append({"role": m.role, "content": m.content})
+            continue
+        text = content_text(m.content)
+        if m.role == "user":
+            results = [b for b in m.content if b.type == "tool_result"]
+            out += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": content_text(b.content)}
+                    for b in results]
+            if text or not results:
+                out.append({"role": "user", "content": text})
+            continue
+        msg = {"role": "assistant", "content": text}
+        calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input}}
+                 for b in m.content if b.type == "tool_use"]
+        if calls:
+            msg["tool_calls"] = calls
+        thinking = "".join(b.thinking for b in m.content if b.type == "thinking")
+        if thinking:
+            msg["reasoning"] = msg["reasoning_content"] = thinking
+        out.append(msg)
     return out
 
 
-async def _render(st: ServerState, body) -> list[int]:
+def _thinking_kwargs(st: ServerState, body) -> Optional[dict]:
+    """`thinking` as the chat template's switches (Qwen's enable_thinking, DeepSeek's thinking)."""
+    if body.thinking is None:
+        return None
+    on = body.thinking.type == "enabled"
+    if on and st.tools.reasoning_parser is None:
+        raise bad_request("thinking needs the server to run with --reasoning-parser", "thinking")
+    return {"enable_thinking": on, "thinking": on}
+
+
+def _plan(st: ServerState, body) -> ToolPlan:
+    """Tools, tool_choice and thinking as the chat API's tool plan (400 for what cannot be served)."""
+    kwargs = _thinking_kwargs(st, body)
+    choice = body.tool_choice
+    try:
+        return tool_calling.plan(st.tools, [t.to_openai() for t in body.tools] if body.tools else None,
+                                 choice.to_openai() if choice is not None else None,
+                                 not (choice is not None and choice.disable_parallel_tool_use), kwargs, False,
+                                 id_prefix="toolu_")
+    except ValueError as e:
+        raise bad_request(str(e), "tool_choice") from e
+
+
+async def _render(st: ServerState, body, tp: ToolPlan) -> list[int]:
     msgs = _messages(body)
-    prefill = msgs[-1]["role"] == "assistant"
-    _, ids = await st.render_chat(msgs, add_generation_prompt=not prefill, continue_final_message=prefill)
+    prefill = msgs[-1]["role"] == "assistant" and "tool_calls" not in msgs[-1]
+    _, ids = await st.render_chat(msgs, add_generation_prompt=not prefill, continue_final_message=prefill,
+                                  template_kwargs=_thinking_kwargs(st, body), tools=tp.template_tools)
     return ids
 
 
@@ -49,12 +101,31 @@ def _input_usage(st: ServerState, num_prompt: int, num_cached: Optional[int]) ->
             "cache_read_input_tokens": read}
 
 
-def _stop(c) -> tuple[str, object]:
+def _stop(c, called: bool) -> tuple[str, object]:
     if c.finish_reason == "length":
         return "max_tokens", None
     if isinstance(c.stop_reason, str):
         return "stop_sequence", c.stop_reason
-    return "end_turn", None
+    return ("tool_use" if called else "end_turn"), None
+
+
+def _input(arguments: str) -> dict:
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:  # a call cut off by max_tokens
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _content(msg) -> list[dict]:
+    blocks = []
+    if msg.reasoning:
+        blocks.append({"type": "thinking", "thinking": msg.reasoning, "signature": ""})
+    if msg.content or not msg.calls:
+        blocks.append({"type": "text", "text": msg.content})
+    blocks += [{"type": "tool_use", "id": cid, "name": call.name, "input": _input(call.arguments)}
+               for cid, call in msg.calls]
+    return blocks
 
 
 @router.post(PATH, response_model=MessagesResponse,
@@ -64,43 +135,84 @@ async def create_message(body: MessagesRequest, request: Request):
     st = state_of(request)
     model = st.check_model(body.model)
     params = sampling_params(body.to_sampling_params)
-    ids = await _render(st, body)
+    tp = _plan(st, body)
+    tp.apply(params)
+    ids = await _render(st, body, tp)
     st.check_length(len(ids), body.max_tokens, "messages")
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     added, streams = await unless_disconnected(request, add_requests(st, mid, [(None, ids)], params))
     if not added:
         return Response(status_code=499)
     if body.stream:
-        return StreamingResponse(_stream(st, model, mid, len(ids), streams), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(_stream(st, model, mid, len(ids), streams, tp.parser),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     completed, finals = await unless_disconnected(request, collect(streams))
     if not completed:
         return Response(status_code=499)
     c = finals[0].outputs[0]
-    stop_reason, stop_sequence = _stop(c)
+    msg = tp.parser.parse(c.text)
+    stop_reason, stop_sequence = _stop(c, bool(msg.calls))
     return JSONResponse({"id": mid, "type": "message", "role": "assistant", "model": model,
-                         "content": [{"type": "text", "text": c.text}], "stop_reason": stop_reason,
-                         "stop_sequence": stop_sequence,
+                         "content": _content(msg), "stop_reason": stop_reason, "stop_sequence": stop_sequence,
                          "usage": {**_input_usage(st, len(ids), finals[0].num_cached_tokens),
                                    "output_tokens": len(c.token_ids)}})
 
 
-async def _stream(st: ServerState, model: str, mid: str, num_prompt: int, streams):
+_BLOCKS = {"reasoning": ({"type": "thinking", "thinking": "", "signature": ""}, "thinking_delta", "thinking"),
+           "content": ({"type": "text", "text": ""}, "text_delta", "text"),
+           "arguments": (None, "input_json_delta", "partial_json")}
+
+
+class _Blocks:
+    """Streamed deltas -> Anthropic's content block events (a block per run of reasoning, text or a tool call)."""
+
+    def __init__(self):
+        self.index, self.kind = -1, None
+
+    def events(self, d) -> list[str]:
+        out = []
+        kind = "arguments" if d.kind == "call" else d.kind
+        if d.kind == "call" or kind != self.kind:
+            out += self.close()
+            self.index, self.kind = self.index + 1, kind
+            block = ({"type": "tool_use", "id": d.id, "name": d.name, "input": {}} if d.kind == "call"
+                     else _BLOCKS[kind][0])
+            out.append(sse({"type": "content_block_start", "index": self.index, "content_block": block},
+                           "content_block_start"))
+            if self.index == 0:
+                out.append(sse({"type": "ping"}, "ping"))
+        if d.text:
+            _, delta_type, field = _BLOCKS[kind]
+            out.append(sse({"type": "content_block_delta", "index": self.index,
+                            "delta": {"type": delta_type, field: d.text}}, "content_block_delta"))
+        return out
+
+    def close(self) -> list[str]:
+        if self.kind is None:
+            return []
+        self.kind = None
+        return [sse({"type": "content_block_stop", "index": self.index}, "content_block_stop")]
+
+
+async def _stream(st: ServerState, model: str, mid: str, num_prompt: int, streams, parser: MessageParser):
     try:
-        sent, last, input_usage = 0, None, None
+        last, input_usage, blocks, called = None, None, _Blocks(), False
+        message = MessageStream(parser)
         async for _, out in merge(streams):
             if input_usage is None:  # the prefix-cache hit is known once the request was scheduled
                 input_usage = _input_usage(st, num_prompt, out.num_cached_tokens)
-                for event in _opening_events(model, mid, input_usage):
+                yield _message_start(model, mid, input_usage)
+            last = out.outputs[0]
+            for d in message.update(last.text, last.finish_reason is not None):
+                called |= d.kind == "call"
+                for event in blocks.events(d):
                     yield event
-            c = out.outputs[0]
-            last = c
-            if len(c.text) > sent:
-                yield sse({"type": "content_block_delta", "index": 0,
-                           "delta": {"type": "text_delta", "text": c.text[sent:]}}, "content_block_delta")
-                sent = len(c.text)
-        yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
-        stop_reason, stop_sequence = _stop(last)
+        if blocks.index < 0:  # nothing was written: one empty text block
+            for event in blocks.events(Delta("content")):
+                yield event
+        for event in blocks.close():
+            yield event
+        stop_reason, stop_sequence = _stop(last, called)
         yield sse({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                    "usage": {**input_usage, "output_tokens": len(last.token_ids)}}, "message_delta")
         yield sse({"type": "message_stop"}, "message_stop")
@@ -108,13 +220,10 @@ async def _stream(st: ServerState, model: str, mid: str, num_prompt: int, stream
         yield sse(stream_error(PATH, e, mid), "error")
 
 
-def _opening_events(model: str, mid: str, input_usage: dict) -> list[str]:
+def _message_start(model: str, mid: str, input_usage: dict) -> str:
     start = {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None,
              "stop_sequence": None, "usage": {**input_usage, "output_tokens": 0}}
-    return [sse({"type": "message_start", "message": start}, "message_start"),
-            sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-                "content_block_start"),
-            sse({"type": "ping"}, "ping")]
+    return sse({"type": "message_start", "message": start}, "message_start")
 
 
 @router.post(PATH + "/count_tokens", response_model=CountTokensResponse,
@@ -122,4 +231,4 @@ def _opening_events(model: str, mid: str, input_usage: dict) -> list[str]:
 async def count_tokens(body: CountTokensRequest, request: Request):
     st = state_of(request)
     st.check_model(body.model)
-    return {"input_tokens": len(await _render(st, body))}
+    return {"input_tokens": len(await _render(st, body, _plan(st, body)))}

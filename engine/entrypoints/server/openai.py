@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.entrypoints.server import openapi
+from engine.entrypoints.server import openapi, tool_calling
 from engine.entrypoints.server.errors import bad_request
+from engine.entrypoints.server.message_parsing import Delta, MessageStream
+from engine.entrypoints.server.tool_calling import ToolPlan
 from engine.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest
 from engine.entrypoints.server.responses import (ChatCompletionChunk, ChatCompletionResponse, CompletionChunk,
                                                  CompletionResponse)
@@ -131,15 +134,57 @@ async def _completion_stream(st, body: CompletionRequest, model, rid, created, p
     yield "data: [DONE]\n\n"
 
 
+def chat_tool_plan(st: ServerState, body: ChatCompletionRequest, params) -> ToolPlan:
+    """The request's tool plan, applied to its sampling params (the forcing schema, special tokens kept for
+    parsers whose markers are special tokens); 400 for a tool choice that cannot be served."""
+    if body.functions is not None or body.function_call is not None:
+        raise bad_request("functions and function_call are not supported (OpenAI deprecated them): send tools and "
+                          "tool_choice", "functions")
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools is not None else None
+    choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
+    constrained = params.structured_outputs is not None
+    try:
+        tp = tool_calling.plan(st.tools, tools, choice, body.parallel_tool_calls is not False,
+                               body.chat_template_kwargs, constrained)
+    except ValueError as e:
+        raise bad_request(str(e), "tool_choice") from e
+    tp.apply(params)
+    return tp
+
+
+def chat_messages(body) -> list[dict]:
+    try:
+        return [m.to_template() for m in body.messages]
+    except ValueError as e:
+        raise bad_request(str(e), "messages") from e
+
+
+def _finish_reason(tp: ToolPlan, c, has_calls: bool) -> Optional[str]:
+    """tool_calls when the model called tools on its own or as required (OpenAI's; a named choice says stop)."""
+    if has_calls and c.finish_reason == "stop" and tp.choice in ("auto", "required"):
+        return "tool_calls"
+    return c.finish_reason
+
+
+def message_json(tp: ToolPlan, msg) -> dict:
+    """An assistant message in chat completions' shape: content null when it only called tools."""
+    out: dict = {"role": "assistant", "content": msg.content if msg.content or not msg.calls else None}
+    if tp.parser.reasoning is not None:
+        out["reasoning"] = out["reasoning_content"] = msg.reasoning
+    out["tool_calls"] = [{"id": cid, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                         for cid, call in msg.calls]
+    return out
+
+
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
              responses={**openapi.streamed(ChatCompletionChunk, done_marker=True), **openapi.errors(*openapi.GENERATION_ERRORS)})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     st = state_of(request)
     model = st.check_model(body.model)
     params = sampling_params(body.to_sampling_params)
-    messages = [m.to_template() for m in body.messages]
-    _, ids = await st.render_chat(messages, body.add_generation_prompt, body.continue_final_message,
-                                  body.chat_template_kwargs, body.chat_template)
+    tp = chat_tool_plan(st, body, params)
+    _, ids = await st.render_chat(chat_messages(body), body.add_generation_prompt, body.continue_final_message,
+                                  body.chat_template_kwargs, body.chat_template, tp.template_tools)
     st.check_length(len(ids), body.requested_max_tokens, "messages")
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     added, streams = await unless_disconnected(request, add_requests(st, rid, [(None, ids)], params))
@@ -147,7 +192,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
         return Response(status_code=499)
     created = int(time.time())
     if body.stream:
-        return StreamingResponse(_chat_stream(st, body, model, rid, created, len(ids), streams),
+        return StreamingResponse(_chat_stream(st, body, tp, model, rid, created, len(ids), streams),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     completed, finals = await unless_disconnected(request, collect(streams))
     if not completed:
@@ -157,19 +202,32 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     choices = []
     for c in out.outputs:
         lp = {"content": chat_logprobs(st.tokenizer, c.token_ids, c.logprobs or [], k)} if body.logprobs else None
-        choices.append({"index": c.index, "message": {"role": "assistant", "content": c.text},
-                        "logprobs": lp, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+        msg = replace(tp.parser, _ids=[]).parse(c.text)
+        choices.append({"index": c.index, "message": message_json(tp, msg), "logprobs": lp,
+                        "finish_reason": _finish_reason(tp, c, bool(msg.calls)), "stop_reason": c.stop_reason})
     return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
                          "choices": choices,
                          "usage": usage(len(ids), sum(len(c.token_ids) for c in out.outputs))})
 
 
-async def _chat_stream(st, body: ChatCompletionRequest, model, rid, created, prompt_tokens, streams):
+def _delta_json(d: Delta) -> dict:
+    if d.kind == "content":
+        return {"content": d.text}
+    if d.kind == "reasoning":
+        return {"reasoning": d.text, "reasoning_content": d.text}
+    if d.kind == "call":
+        return {"tool_calls": [{"index": d.index, "id": d.id, "type": "function",
+                                "function": {"name": d.name, "arguments": ""}}]}
+    return {"tool_calls": [{"index": d.index, "function": {"arguments": d.text}}]}
+
+
+async def _chat_stream(st, body: ChatCompletionRequest, tp: ToolPlan, model, rid, created, prompt_tokens, streams):
     k = body.top_logprobs or 0
-    sent_chars: dict = {}
     sent_toks: dict = {}
     done: set = set()
     completion_tokens: dict = {}
+    messages = {i: MessageStream(replace(tp.parser, _ids=[])) for i in range(body.n)}
+    called: set = set()
 
     def chunk(choices, usage_=None):
         c = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices}
@@ -186,20 +244,26 @@ async def _chat_stream(st, body: ChatCompletionRequest, model, rid, created, pro
                 if c.index in done:
                     continue
                 a, b = sent_toks.get(c.index, 0), len(c.token_ids)
-                delta = c.text[sent_chars.get(c.index, 0):]
-                if not delta and a == b and c.finish_reason is None:
+                finished = c.finish_reason is not None
+                deltas = messages[c.index].update(c.text, finished)
+                if not deltas and a == b and not finished:
                     continue
+                if any(d.kind == "call" for d in deltas):
+                    called.add(c.index)
                 lp = None
                 if body.logprobs:
                     lp = {"content": chat_logprobs(st.tokenizer, c.token_ids[a:b], (c.logprobs or [])[a:b], k)}
-                sent_chars[c.index], sent_toks[c.index] = len(c.text), b
-                completion_tokens[c.index] = b
+                sent_toks[c.index] = completion_tokens[c.index] = b
                 u = None
                 if body.include_usage and body.stream_options.continuous_usage_stats:
                     u = usage(prompt_tokens, sum(completion_tokens.values()))
-                yield chunk([{"index": c.index, "delta": {"content": delta} if delta else {}, "logprobs": lp,
-                              "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}], u)
-                if c.finish_reason is not None:
+                parts = [_delta_json(d) for d in deltas] or [{}]
+                for j, delta in enumerate(parts):
+                    last = j == len(parts) - 1
+                    yield chunk([{"index": c.index, "delta": delta, "logprobs": lp if j == 0 else None,
+                                  "finish_reason": _finish_reason(tp, c, c.index in called) if last else None,
+                                  "stop_reason": c.stop_reason if last else None}], u if last else None)
+                if finished:
                     done.add(c.index)
         if body.include_usage:
             yield chunk([], usage(prompt_tokens, sum(completion_tokens.values())))

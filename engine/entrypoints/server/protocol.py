@@ -7,6 +7,7 @@ the rest, with messages that name the field.
 """
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -150,14 +151,76 @@ class TextPart(_Body):
     text: str
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: str  # a JSON object's text, as OpenAI sends it
+
+
+class MessageToolCall(_Body):
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
     role: str  # any role goes to the chat template, which decides (vLLM's rule)
     content: Optional[Union[str, list[TextPart]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[MessageToolCall]] = None  # an assistant turn that called tools
+    tool_call_id: Optional[str] = None  # a tool result: the call it answers
+    reasoning: Optional[str] = None  # an assistant turn's reasoning (reasoning_content: older clients' name)
+    reasoning_content: Optional[str] = None
 
     def to_template(self) -> dict[str, Any]:
+        """The message as chat templates read it; tool call arguments as objects (vLLM's rule: templates such
+        as Llama 3.1's and Qwen's iterate over them)."""
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content_text(self.content)}
+        out: dict[str, Any] = {"role": role, "content": content_text(self.content)}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        reasoning = self.reasoning if self.reasoning is not None else self.reasoning_content
+        if reasoning is not None:
+            out["reasoning_content"] = out["reasoning"] = reasoning
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.function.name,
+                                               "arguments": arguments_object(c.function.arguments)}}
+                                 for c in self.tool_calls]
+        return out
+
+
+def arguments_object(text: str) -> dict:
+    """A tool call's arguments text -> the object (ValueError naming the problem)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"messages: tool call arguments are not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError("messages: tool call arguments must be a JSON object")
+    return value
+
+
+class FunctionDefinition(_Body):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None  # a JSON schema; none means no arguments
+    strict: Optional[bool] = None
+
+
+class ChatTool(_Body):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"] = "function"
+    function: dict[str, str]  # {"name": ...}
+
+    @property
+    def name(self) -> str:
+        return self.function.get("name", "")
 
 
 class _ChatTemplateFields(_Body):
@@ -182,6 +245,11 @@ class ChatCompletionRequest(_ChatTemplateFields, _SamplingFields):
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: Optional[list[ChatTool]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+    parallel_tool_calls: Optional[bool] = True
+    functions: Optional[Any] = None  # OpenAI's deprecated form: refused (use tools)
+    function_call: Optional[Any] = None
 
     @property
     def requested_max_tokens(self) -> Optional[int]:
@@ -200,9 +268,64 @@ class AnthropicTextBlock(_Body):
     text: str
 
 
+class AnthropicToolUseBlock(_Body):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class AnthropicToolResultBlock(_Body):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: Optional[Union[str, list[AnthropicTextBlock]]] = None
+    is_error: Optional[bool] = None
+
+
+class AnthropicThinkingBlock(_Body):
+    type: Literal["thinking"]
+    thinking: str
+    signature: Optional[str] = None
+
+
+AnthropicBlock = Annotated[Union[AnthropicTextBlock, AnthropicToolUseBlock, AnthropicToolResultBlock,
+                                 AnthropicThinkingBlock], Field(discriminator="type")]
+
+
 class AnthropicMessage(_Body):
     role: Literal["user", "assistant"]
-    content: Union[str, list[AnthropicTextBlock]]
+    content: Union[str, list[AnthropicBlock]]
+
+
+class AnthropicTool(_Body):
+    type: Optional[Literal["custom"]] = None  # Anthropic's server tools (web search, ...) do not run here
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: Optional[str] = None
+    input_schema: dict[str, Any]
+
+    def to_openai(self) -> dict:
+        fn = {"name": self.name, "parameters": self.input_schema}
+        if self.description is not None:
+            fn["description"] = self.description
+        return {"type": "function", "function": fn}
+
+
+class AnthropicToolChoice(_Body):
+    type: Literal["auto", "any", "tool", "none"]
+    name: Optional[str] = None
+    disable_parallel_tool_use: Optional[bool] = None
+
+    def to_openai(self) -> Union[str, dict]:
+        if self.type == "tool":
+            if not self.name:
+                raise ValueError('tool_choice: type "tool" needs the tool\'s name')
+            return {"type": "function", "function": {"name": self.name}}
+        return {"auto": "auto", "any": "required", "none": "none"}[self.type]
+
+
+class AnthropicThinking(_Body):
+    type: Literal["enabled", "disabled"]
+    budget_tokens: Optional[int] = Field(None, ge=1024)  # Anthropic's minimum
 
 
 class MessagesRequest(_Body):
@@ -216,6 +339,9 @@ class MessagesRequest(_Body):
     top_k: Optional[int] = Field(None, ge=0)
     stream: Optional[bool] = False
     metadata: Optional[dict[str, Any]] = None
+    tools: Optional[list[AnthropicTool]] = None
+    tool_choice: Optional[AnthropicToolChoice] = None
+    thinking: Optional[AnthropicThinking] = None
 
     def to_sampling_params(self) -> SamplingParams:
         return SamplingParams(max_tokens=self.max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
@@ -227,6 +353,9 @@ class CountTokensRequest(_Body):
     model: str
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: Optional[Union[str, list[AnthropicTextBlock]]] = None
+    tools: Optional[list[AnthropicTool]] = None
+    tool_choice: Optional[AnthropicToolChoice] = None
+    thinking: Optional[AnthropicThinking] = None
 
 
 # ---- /tokenize, /detokenize (vLLM) ----
@@ -245,10 +374,10 @@ class DetokenizeRequest(_Body):
 
 # ---- helpers ----
 def content_text(content) -> str:
-    """A message's content (string, or text parts/blocks) as one string."""
+    """A message's content (string, or text parts/blocks) as one string (other blocks are not text)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(p.text for p in content)
+    return "".join(p.text for p in content if p.type == "text")
 

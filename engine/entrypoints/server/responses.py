@@ -5,7 +5,7 @@ response against them (tests/engine/entrypoints/server/test_openapi_schemathesis
 """
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, Field, RootModel
 
@@ -95,9 +95,23 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob]
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str  # the arguments object's JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCallOut
+
+
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: Optional[str]  # null when the message only calls tools
+    tool_calls: list[ToolCallOut] = []
+    reasoning: Optional[str] = None  # with --reasoning-parser (reasoning_content: the same, older clients' name)
+    reasoning_content: Optional[str] = None
 
 
 class ChatChoice(BaseModel):
@@ -117,9 +131,25 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class FunctionCallDelta(BaseModel):
+    name: Optional[str] = None
+    arguments: str
+
+
+class ToolCallDelta(BaseModel):
+    """A call's first delta has its id, type and name; the next ones more of its arguments."""
+    index: int = Field(ge=0)
+    id: Optional[str] = None
+    type: Optional[Literal["function"]] = None
+    function: FunctionCallDelta
+
+
 class ChatDelta(BaseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    reasoning: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[ToolCallDelta]] = None
 
 
 class ChatChunkChoice(BaseModel):
@@ -154,13 +184,31 @@ class AnthropicTextOut(BaseModel):
     text: str
 
 
+class AnthropicThinkingOut(BaseModel):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
+class AnthropicToolUseOut(BaseModel):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict
+
+
+AnthropicBlockOut = Annotated[Union[AnthropicTextOut, AnthropicThinkingOut, AnthropicToolUseOut],
+                              Field(discriminator="type")]
+AnthropicStop = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+
+
 class MessagesResponse(BaseModel):
     id: str
     type: Literal["message"]
     role: Literal["assistant"]
     model: str
-    content: list[AnthropicTextOut]
-    stop_reason: Optional[Literal["end_turn", "max_tokens", "stop_sequence"]]
+    content: list[AnthropicBlockOut]
+    stop_reason: Optional[AnthropicStop]
     stop_sequence: Optional[str]
     usage: AnthropicUsage
 
@@ -173,7 +221,7 @@ class MessageStart(BaseModel):
 class ContentBlockStart(BaseModel):
     type: Literal["content_block_start"]
     index: int = Field(ge=0)
-    content_block: AnthropicTextOut
+    content_block: AnthropicBlockOut
 
 
 class Ping(BaseModel):
@@ -185,10 +233,20 @@ class TextDelta(BaseModel):
     text: str
 
 
+class ThinkingDelta(BaseModel):
+    type: Literal["thinking_delta"]
+    thinking: str
+
+
+class InputJsonDelta(BaseModel):
+    type: Literal["input_json_delta"]
+    partial_json: str
+
+
 class ContentBlockDelta(BaseModel):
     type: Literal["content_block_delta"]
     index: int = Field(ge=0)
-    delta: TextDelta
+    delta: Union[TextDelta, ThinkingDelta, InputJsonDelta] = Field(discriminator="type")
 
 
 class ContentBlockStop(BaseModel):
@@ -197,7 +255,7 @@ class ContentBlockStop(BaseModel):
 
 
 class StopDelta(BaseModel):
-    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence"]
+    stop_reason: AnthropicStop
     stop_sequence: Optional[str]
 
 

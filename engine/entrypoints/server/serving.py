@@ -22,6 +22,7 @@ from engine.entrypoints.server.errors import APIError, bad_request, error_body, 
     param_of_value_error
 from engine.entrypoints.server.metrics import ServerMetrics
 from engine.entrypoints.server.template_worker import TemplateError, TemplateRenderer
+from engine.entrypoints.server.tool_calling import ToolConfig
 
 SAMPLING_FIELDS = ("n", "best_of", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "max_tokens", "min_tokens", "logprobs",
@@ -47,6 +48,7 @@ class ServerState:
         `chat_template_kwargs.chat_template`) instead of refusing it (vLLM's flag of the same name).
     templates: renders chat templates in worker processes, with a time limit.
     tokenizer_pool: threads that tokenize and detokenize, so that big prompts do not stall the event loop.
+    tools: the tool-call and reasoning parsers (--tool-call-parser, --reasoning-parser, ...).
     """
     engine: AsyncLLMEngine
     model_names: list[str]
@@ -56,6 +58,7 @@ class ServerState:
     trust_request_chat_template: bool = False
     templates: TemplateRenderer = field(default_factory=TemplateRenderer)
     tokenizer_pool: ThreadPoolExecutor = field(default_factory=_tokenizer_pool)
+    tools: ToolConfig = field(default_factory=ToolConfig)
 
     @property
     def tokenizer(self):
@@ -104,7 +107,8 @@ class ServerState:
 
     async def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                           continue_final_message: bool = False, template_kwargs: Optional[dict] = None,
-                          request_template: Optional[str] = None) -> tuple[str, list[int]]:
+                          request_template: Optional[str] = None, tools: Optional[list[dict]] = None
+                          ) -> tuple[str, list[int]]:
         """Chat messages -> (prompt text, token ids), the template rendered in a worker process (a time limit,
         the event loop free). continue_final_message: the final message is left open for the model to continue
         (Anthropic's prefill; vLLM's and transformers' flag). A template from the request (request_template, or
@@ -114,7 +118,8 @@ class ServerState:
         template = kw.pop("chat_template", None) or request_template
         if template is not None and not self.trust_request_chat_template:
             raise bad_request(UNTRUSTED_TEMPLATE, "chat_template")
-        tools, documents = kw.pop("tools", None), kw.pop("documents", None)
+        kw_tools, documents = kw.pop("tools", None), kw.pop("documents", None)
+        tools = tools if tools is not None else kw_tools
         try:
             source = tok.get_chat_template(template, tools)
         except ValueError as e:  # no template at all, or several and none named 'default'

@@ -135,3 +135,16 @@ def trusting_server():
 def http(server):
     with server.client() as c:
         yield c
+
+
+AGENT_TEMPLATE = Path(__file__).with_name("agent_template.jinja")
+
+
+@pytest.fixture(scope="package")
+def agent_server():
+    """Tool calls in the hermes format and Qwen3's reasoning split, with a template that shows the tools and
+    honours enable_thinking. No prefix caching: a prompt read from the cache (fp16 K/V) and one computed whole
+    (f32 K/V within the chunk) can differ in a near tie, and the tests compare plain runs with streamed ones."""
+    with running_server("--chat-template", str(AGENT_TEMPLATE), "--enable-auto-tool-choice", "--tool-call-parser",
+                        "hermes", "--reasoning-parser", "qwen3", "--no-enable-prefix-caching") as srv:
+        yield srv
