@@ -72,16 +72,21 @@ class LLM:
             engine.abort_request(rid)
 
     def chat(self, messages, sampling_params: Optional[SamplingParams] = None, use_tqdm: bool = True,
-             chat_template: Optional[str] = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """messages: one conversation (list of {'role', 'content'}) or a list of them."""
+             chat_template: Optional[str] = None, add_generation_prompt: bool = True, tools=None,
+             chat_template_kwargs: Optional[dict] = None) -> list[RequestOutput]:
+        """messages: one conversation (list of {'role', 'content'}) or a list of them; tools (OpenAI function
+        tools) and chat_template_kwargs (enable_thinking, ...) go to the chat template, as in vLLM."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [self._chat_prompt(c, chat_template, add_generation_prompt) for c in convs]
+        prompts = [self._chat_prompt(c, chat_template, add_generation_prompt, tools, chat_template_kwargs)
+                   for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def _chat_prompt(self, conversation, chat_template=None, add_generation_prompt=True) -> dict:
+    def _chat_prompt(self, conversation, chat_template=None, add_generation_prompt=True, tools=None,
+                     template_kwargs=None) -> dict:
         """The rendered text and its ids (BOS once, as the template and the model want it)."""
         tok = self.get_tokenizer()
-        kw = dict(add_generation_prompt=add_generation_prompt, chat_template=chat_template)
+        kw = dict(template_kwargs or {}, add_generation_prompt=add_generation_prompt, chat_template=chat_template,
+                  tools=tools)
         return {"prompt": tok.apply_chat_template(conversation, tokenize=False, **kw),
                 "prompt_token_ids": tok.apply_chat_template(conversation, tokenize=True, **kw)}
 

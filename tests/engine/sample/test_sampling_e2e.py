@@ -53,6 +53,16 @@ def test_chat_uses_the_gemma_template(llm):
     assert out.outputs[0].text
 
 
+def test_chat_passes_tools_and_template_kwargs(llm):
+    """vLLM's LLM.chat(tools=..., chat_template_kwargs=...): both reach the template."""
+    template = ("{% for t in tools %}[{{ t.function.name }}]{% endfor %}{{ flavour }}"
+                "{% for m in messages %}{{ m.content }}{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    out = llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False,
+                   chat_template=template, tools=tools, chat_template_kwargs={"flavour": "mint"})[0]
+    assert out.prompt == "[get_weather]mintHi"
+
+
 def test_beam_search_best_beam_scores_at_least_greedy(llm):
     prompt = "The capital of France is"
     greedy = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=5, logprobs=0), use_tqdm=False)[0]
