@@ -142,3 +142,7 @@ class Gemma4ReasoningParser(ThinkTagsParser):
     end = "<channel|>"
     label = "thought\n"
     tags_required = True
+
+    def grammar_after(self) -> Optional[str]:
+        # the model may answer without a thought block: the grammar waits only when thinking was asked for
+        return self.end if self.template_kwargs.get("enable_thinking") else None

@@ -55,7 +55,8 @@ class ToolParser:
         for t in self.tools:
             fn = t.get("function", t)
             if fn.get("name") == name:
-                return fn.get("parameters") or {}
+                params = fn.get("parameters")
+                return params if isinstance(params, dict) else {}
         return {}
 
 

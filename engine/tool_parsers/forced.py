@@ -15,11 +15,21 @@ def function_of(tool: dict) -> dict:
 
 
 def required_schema(tools: list[dict], parallel: bool) -> dict:
-    """A JSON array of one or more {"name", "parameters"} objects, each a call of one of the tools."""
-    calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [function_of(t)["name"]]},
-                                               "parameters": function_of(t).get("parameters") or NO_ARGUMENTS},
-              "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
+    """A JSON array of one or more {"name", "parameters"} objects, each a call of one of the tools. The tools'
+    $defs move to the top, where their "#/$defs/..." references point (vLLM's rule); ValueError when two tools
+    define one name differently."""
+    calls, defs = [], {}
+    for t in tools:
+        params = dict(function_of(t).get("parameters") or NO_ARGUMENTS)
+        for name, schema in params.pop("$defs", {}).items():
+            if defs.setdefault(name, schema) != schema:
+                raise ValueError(f"tool_choice: tools define $defs.{name} differently; required cannot join them")
+        calls.append({"type": "object", "properties": {"name": {"type": "string", "enum": [function_of(t)["name"]]},
+                                                       "parameters": params},
+                      "required": ["name", "parameters"], "additionalProperties": False})
     schema = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+    if defs:
+        schema["$defs"] = defs
     if not parallel:
         schema["maxItems"] = 1
     return schema
@@ -59,5 +69,7 @@ class NamedCall(ToolParser):
         self.name = name
 
     def parse(self, text: str, final: bool) -> ParsedTools:
+        if not text:  # nothing written yet (or the output ended before its answer): no call
+            return ParsedTools("")
         call = ToolCall(self.name, text)
         return ParsedTools("", (call,)) if final else ParsedTools("", (), partial=call)

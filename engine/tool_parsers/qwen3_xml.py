@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from typing import Any, Optional
 
@@ -41,6 +42,8 @@ def convert(value: str, schema: Any) -> Any:
             return int(value)
         if kind.startswith(("num", "float")):
             number = float(value)
+            if not math.isfinite(number):  # JSON has no NaN or Infinity
+                return value
             return int(number) if number.is_integer() else number
         if kind in ("boolean", "bool", "binary"):
             return value.lower() == "true"

@@ -36,15 +36,19 @@ def _messages(body) -> list[dict]:
     out = []
     if body.system:
         out.append({"role": "system", "content": content_text(body.system)})
-    for m in body.messages:
+    for i, m in enumerate(body.messages):
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
+        misplaced = {"user": ("tool_use", "thinking"), "assistant": ("tool_result",)}[m.role]
+        for b in m.content:
+            if b.type in misplaced:
+                raise bad_request(f"messages.{i}: a {b.type} block cannot be in a {m.role} message", "messages")
         text = content_text(m.content)
         if m.role == "user":
             results = [b for b in m.content if b.type == "tool_result"]
-            out += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": content_text(b.content)}
-                    for b in results]
+            out += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": content_text(b.content),
+                     **({"is_error": True} if b.is_error else {})} for b in results]
             if text or not results:
                 out.append({"role": "user", "content": text})
             continue
@@ -78,14 +82,21 @@ def _plan(st: ServerState, body) -> ToolPlan:
         return tool_calling.plan(st.tools, [t.to_openai() for t in body.tools] if body.tools else None,
                                  choice.to_openai() if choice is not None else None,
                                  not (choice is not None and choice.disable_parallel_tool_use), kwargs, False,
-                                 id_prefix="toolu_")
+                                 id_prefix="toolu_", continuing=_prefill(body))
     except ValueError as e:
         raise bad_request(str(e), "tool_choice") from e
 
 
+def _prefill(body) -> bool:
+    """A last assistant message (without tool calls) is continued by the reply."""
+    last = body.messages[-1]
+    return last.role == "assistant" and (isinstance(last.content, str)
+                                         or not any(b.type == "tool_use" for b in last.content))
+
+
 async def _render(st: ServerState, body, tp: ToolPlan) -> list[int]:
     msgs = _messages(body)
-    prefill = msgs[-1]["role"] == "assistant" and "tool_calls" not in msgs[-1]
+    prefill = _prefill(body)
     _, ids = await st.render_chat(msgs, add_generation_prompt=not prefill, continue_final_message=prefill,
                                   template_kwargs=_thinking_kwargs(st, body), tools=tp.template_tools)
     return ids
@@ -101,12 +112,12 @@ def _input_usage(st: ServerState, num_prompt: int, num_cached: Optional[int]) ->
             "cache_read_input_tokens": read}
 
 
-def _stop(c, called: bool) -> tuple[str, object]:
+def _stop(c, called: bool, stop_sequences) -> tuple[str, object]:
     if c.finish_reason == "length":
         return "max_tokens", None
-    if isinstance(c.stop_reason, str):
+    if isinstance(c.stop_reason, str) and c.stop_reason in (stop_sequences or ()):
         return "stop_sequence", c.stop_reason
-    return ("tool_use" if called else "end_turn"), None
+    return ("tool_use" if called else "end_turn"), None  # the end token, or the end of a forcing grammar
 
 
 def _input(arguments: str) -> dict:
@@ -121,7 +132,7 @@ def _content(msg) -> list[dict]:
     blocks = []
     if msg.reasoning:
         blocks.append({"type": "thinking", "thinking": msg.reasoning, "signature": ""})
-    if msg.content or not msg.calls:
+    if msg.content or not (msg.calls or msg.reasoning):  # an empty text block only when nothing else was written
         blocks.append({"type": "text", "text": msg.content})
     blocks += [{"type": "tool_use", "id": cid, "name": call.name, "input": _input(call.arguments)}
                for cid, call in msg.calls]
@@ -144,14 +155,14 @@ async def create_message(body: MessagesRequest, request: Request):
     if not added:
         return Response(status_code=499)
     if body.stream:
-        return StreamingResponse(_stream(st, model, mid, len(ids), streams, tp.parser),
+        return StreamingResponse(_stream(st, model, mid, len(ids), streams, tp.parser, body.stop_sequences),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     completed, finals = await unless_disconnected(request, collect(streams))
     if not completed:
         return Response(status_code=499)
     c = finals[0].outputs[0]
     msg = tp.parser.parse(c.text)
-    stop_reason, stop_sequence = _stop(c, bool(msg.calls))
+    stop_reason, stop_sequence = _stop(c, bool(msg.calls), body.stop_sequences)
     return JSONResponse({"id": mid, "type": "message", "role": "assistant", "model": model,
                          "content": _content(msg), "stop_reason": stop_reason, "stop_sequence": stop_sequence,
                          "usage": {**_input_usage(st, len(ids), finals[0].num_cached_tokens),
@@ -194,7 +205,8 @@ class _Blocks:
         return [sse({"type": "content_block_stop", "index": self.index}, "content_block_stop")]
 
 
-async def _stream(st: ServerState, model: str, mid: str, num_prompt: int, streams, parser: MessageParser):
+async def _stream(st: ServerState, model: str, mid: str, num_prompt: int, streams, parser: MessageParser,
+                  stop_sequences):
     try:
         last, input_usage, blocks, called = None, None, _Blocks(), False
         message = MessageStream(parser)
@@ -212,7 +224,7 @@ async def _stream(st: ServerState, model: str, mid: str, num_prompt: int, stream
                 yield event
         for event in blocks.close():
             yield event
-        stop_reason, stop_sequence = _stop(last, called)
+        stop_reason, stop_sequence = _stop(last, called, stop_sequences)
         yield sse({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                    "usage": {**input_usage, "output_tokens": len(last.token_ids)}}, "message_delta")
         yield sse({"type": "message_stop"}, "message_stop")

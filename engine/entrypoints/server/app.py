@@ -135,9 +135,10 @@ def build_app(state: ServerState, api_key: str | None = None, max_body_bytes: in
         if body.prompt is not None:
             ids = await st.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
         else:
-            msgs = [m.to_template() for m in body.messages]
-            _, ids = await st.render_chat(msgs, body.add_generation_prompt, body.continue_final_message,
-                                          template_kwargs=body.chat_template_kwargs, request_template=body.chat_template)
+            tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+            _, ids = await st.render_chat(openai.chat_messages(body), body.add_generation_prompt,
+                                          body.continue_final_message, template_kwargs=body.chat_template_kwargs,
+                                          request_template=body.chat_template, tools=tools)
         strs = await st.off_loop(st.tokenizer.convert_ids_to_tokens, ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": st.max_model_len, "tokens": ids, "token_strs": strs}
 

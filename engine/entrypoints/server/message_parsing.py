@@ -55,10 +55,21 @@ class MessageParser:
             reasoning, content = r.reasoning, r.content
         if self.tools is None:
             return reasoning, ParsedTools(content)
-        parsed = self.tools.parse(text if self.tools.reads_whole_output else content, final)
+        source = text if self.tools.reads_whole_output else content
+        parsed = self._parse_tools(source, final)
+        if final:  # calls a stream already sent stay, even when a cut-off last call makes the format give up
+            partial = self._parse_tools(source, False)
+            if len(partial.calls) > len(parsed.calls):
+                parsed = ParsedTools(partial.content, partial.calls)
         if self.max_calls is not None and len(parsed.calls) >= self.max_calls:
             parsed = ParsedTools(parsed.content, parsed.calls[:self.max_calls])
         return reasoning, parsed
+
+    def _parse_tools(self, text: str, final: bool) -> ParsedTools:
+        try:
+            return self.tools.parse(text, final)
+        except RecursionError:  # JSON nested past Python's limit: no call can be read from it
+            return ParsedTools(text if final else "")
 
     def _id(self, i: int) -> str:
         while len(self._ids) <= i:

@@ -145,7 +145,7 @@ def chat_tool_plan(st: ServerState, body: ChatCompletionRequest, params) -> Tool
     constrained = params.structured_outputs is not None
     try:
         tp = tool_calling.plan(st.tools, tools, choice, body.parallel_tool_calls is not False,
-                               body.chat_template_kwargs, constrained)
+                               body.chat_template_kwargs, constrained, continuing=body.continue_final_message)
     except ValueError as e:
         raise bad_request(str(e), "tool_choice") from e
     tp.apply(params)

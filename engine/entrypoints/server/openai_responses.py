@@ -66,7 +66,7 @@ async def create_response(body: ResponsesRequest, request: Request):
     out = finals[0]
     c = out.outputs[0]
     msg = tp.parser.parse(c.text)
-    return JSONResponse(shell.response(_items(msg), c, out.num_cached_tokens))
+    return JSONResponse(shell.response(_items(msg, c.finish_reason == "length"), c, out.num_cached_tokens))
 
 
 class _Shell:
@@ -98,7 +98,8 @@ class _Shell:
                 "parallel_tool_calls": b.parallel_tool_calls is not False,
                 "temperature": 1.0 if b.temperature is None else b.temperature,
                 "top_p": 1.0 if b.top_p is None else b.top_p,
-                "tool_choice": b.openai_tool_choice() if b.tool_choice is not None else "auto",
+                "tool_choice": "auto" if b.tool_choice is None else (
+                    b.tool_choice if isinstance(b.tool_choice, str) else b.tool_choice.model_dump()),
                 "tools": [t.model_dump(exclude_none=True) for t in b.tools or []],
                 "text": {"format": {"type": "text"}} if b.text is None else b.text.model_dump(exclude_none=True,
                                                                                               by_alias=True),
@@ -125,13 +126,16 @@ def _call_item(call_id: str, name: str, arguments: str, status: str = "completed
             "arguments": arguments, "status": status}
 
 
-def _items(msg: Message) -> list[dict]:
+def _items(msg: Message, cut: bool) -> list[dict]:
+    """cut: the output stopped at max_output_tokens, so its last item is incomplete."""
     out = []
     if msg.reasoning:
         out.append(_reasoning_item(msg.reasoning))
-    if msg.content or not msg.calls:
+    if msg.content or not (msg.calls or msg.reasoning):  # an empty message only when nothing else was written
         out.append(_message_item(msg.content))
     out += [_call_item(cid, call.name, call.arguments) for cid, call in msg.calls]
+    if cut:
+        out[-1]["status"] = "incomplete"
     return out
 
 
@@ -183,7 +187,8 @@ class _Events:
                                   content_index=0, part=_text_part("")))
         return out
 
-    def close(self) -> list[str]:
+    def close(self, cut: bool = False) -> list[str]:
+        """cut: the output stopped at max_output_tokens inside this item."""
         if self.kind is None:
             return []
         iid, index, text, out = self.item["id"], len(self.done_items), self.text, []
@@ -199,15 +204,18 @@ class _Events:
             item = _call_item(self.item["call_id"], self.item["name"], text, iid=iid)
             out.append(self.event("response.function_call_arguments.done", **where, name=item["name"],
                                   arguments=text))
+        if cut:
+            item["status"] = "incomplete"
         out.append(self.event("response.output_item.done", output_index=index, item=item))
         self.done_items.append(item)
         self.kind = self.item = None
         return out
 
     def closing(self, c, num_cached: Optional[int]) -> list[str]:
-        out = self.close()
+        cut = c.finish_reason == "length"
+        out = self.close(cut)
         if not self.done_items:  # nothing was written: an empty message, as the plain response has
-            out += self._open(Delta("content")) + self.close()
+            out += self._open(Delta("content")) + self.close(cut)
         response = self.shell.response(self.done_items, c, num_cached)
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         return out + [self.event(kind, response=response)]

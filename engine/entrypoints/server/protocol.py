@@ -192,13 +192,25 @@ class ChatMessage(_Body):
 
 
 def arguments_object(text: str) -> dict:
-    """A tool call's arguments text -> the object (ValueError naming the problem)."""
+    """A tool call's arguments text -> the object (ValueError naming the problem); empty text is no arguments
+    (vLLM's rule)."""
+    if not text.strip():
+        return {}
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"messages: tool call arguments are not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError("messages: tool call arguments are nested too deeply") from None
     if not isinstance(value, dict):
         raise ValueError("messages: tool call arguments must be a JSON object")
+    return value
+
+
+def object_schema(value: Optional[dict]) -> Optional[dict]:
+    """A tool's parameters: a JSON schema whose properties (when given) are an object."""
+    if value is not None and not isinstance(value.get("properties", {}), dict):
+        raise ValueError("the tool's schema has properties that are not an object")
     return value
 
 
@@ -208,19 +220,21 @@ class FunctionDefinition(_Body):
     parameters: Optional[dict[str, Any]] = None  # a JSON schema; none means no arguments
     strict: Optional[bool] = None
 
+    _schema = field_validator("parameters")(classmethod(lambda cls, value: object_schema(value)))
+
 
 class ChatTool(_Body):
     type: Literal["function"] = "function"
     function: FunctionDefinition
 
 
+class FunctionName(_Body):
+    name: str
+
+
 class NamedToolChoice(_Body):
     type: Literal["function"] = "function"
-    function: dict[str, str]  # {"name": ...}
-
-    @property
-    def name(self) -> str:
-        return self.function.get("name", "")
+    function: FunctionName
 
 
 class _ChatTemplateFields(_Body):
@@ -279,7 +293,7 @@ class AnthropicToolResultBlock(_Body):
     type: Literal["tool_result"]
     tool_use_id: str
     content: Optional[Union[str, list[AnthropicTextBlock]]] = None
-    is_error: Optional[bool] = None
+    is_error: Optional[bool] = None  # passed to the chat template with the tool message
 
 
 class AnthropicThinkingBlock(_Body):
@@ -302,6 +316,8 @@ class AnthropicTool(_Body):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     description: Optional[str] = None
     input_schema: dict[str, Any]
+
+    _schema = field_validator("input_schema")(classmethod(lambda cls, value: object_schema(value)))
 
     def to_openai(self) -> dict:
         fn = {"name": self.name, "parameters": self.input_schema}
@@ -363,6 +379,7 @@ class TokenizeRequest(_ChatTemplateFields):
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[list[ChatMessage]] = None
+    tools: Optional[list[ChatTool]] = None  # rendered with the messages, as chat completions does
     add_special_tokens: Optional[bool] = None  # default: True for a prompt, False for messages
     return_token_strs: Optional[bool] = False
 

@@ -25,7 +25,7 @@ class OutputMessage(BaseModel):
     type: Literal["message"]
     id: str
     role: Literal["assistant"]
-    status: Literal["in_progress", "completed"]
+    status: Literal["in_progress", "completed", "incomplete"]
     content: list[OutputText]
 
 
@@ -33,7 +33,7 @@ class OutputReasoning(BaseModel):
     type: Literal["reasoning"]
     id: str
     summary: list[Any]
-    status: Literal["in_progress", "completed"]
+    status: Literal["in_progress", "completed", "incomplete"]
     content: list[ReasoningTextOut]
 
 
@@ -43,7 +43,7 @@ class OutputFunctionCall(BaseModel):
     call_id: str
     name: str
     arguments: str
-    status: Literal["in_progress", "completed"]
+    status: Literal["in_progress", "completed", "incomplete"]
 
 
 OutputItem = Annotated[Union[OutputMessage, OutputReasoning, OutputFunctionCall], Field(discriminator="type")]

@@ -53,7 +53,8 @@ class ToolPlan:
 
 
 def plan(cfg: ToolConfig, tools: Optional[list[dict]], tool_choice: Union[str, dict, None], parallel: bool,
-         template_kwargs: Optional[dict[str, Any]], constrained: bool, id_prefix: str = "call_") -> ToolPlan:
+         template_kwargs: Optional[dict[str, Any]], constrained: bool, id_prefix: str = "call_",
+         continuing: bool = False) -> ToolPlan:
     """Raises ValueError (a 400) for a choice that cannot be served.
 
     Args:
@@ -62,8 +63,11 @@ def plan(cfg: ToolConfig, tools: Optional[list[dict]], tool_choice: Union[str, d
             with tools, else none: OpenAI's default).
         parallel: parallel_tool_calls (false: at most one call).
         constrained: the request already has a response_format or structured_outputs constraint.
+        continuing: the output continues the final assistant message (a prefill): it is answer, not reasoning.
     """
-    reasoning = get_reasoning_parser(cfg.reasoning_parser)(template_kwargs) if cfg.reasoning_parser else None
+    reasoning = None
+    if cfg.reasoning_parser and not continuing:
+        reasoning = get_reasoning_parser(cfg.reasoning_parser)(template_kwargs)
     tools = tools or None
     choice = tool_choice if tool_choice is not None else ("auto" if tools else "none")
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None

@@ -84,7 +84,19 @@ def test_messages_thinking_blocks(claude):
     assert final.content[0].thinking == m.content[0].thinking
 
 
+def test_a_prefill_is_continued_as_the_answer(claude):
+    """The reply continues the last assistant message: answer text, not reasoning (the prompt's think block is
+    closed before it)."""
+    m = claude.messages.create(model=MODEL, max_tokens=6, extra_body=GREEDY, thinking=OFF, messages=[
+        {"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "A colour:"}])
+    assert [b.type for b in m.content] == ["text"] and m.content[0].text
+
+
 def test_messages_tool_errors_are_400(claude, server):
+    with pytest.raises(anthropic.BadRequestError, match="tool_result block cannot be in a assistant"):
+        claude.messages.create(model=MODEL, max_tokens=8, messages=[
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "x", "content": "1"}]}])
     with pytest.raises(anthropic.BadRequestError, match="has not been passed"):
         claude.messages.create(model=MODEL, max_tokens=8, messages=ASK, tools=CLAUDE_TOOLS,
                                tool_choice={"type": "tool", "name": "nope"})
@@ -99,6 +111,7 @@ def test_responses_plain_and_streamed(client):
               extra_body=NO_THINKING)
     r = client.responses.create(**kw)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[-1].status == "incomplete"
     assert r.output_text and r.usage.output_tokens == 12
     events = list(client.responses.create(stream=True, **kw))
     kinds = [e.type for e in events]
@@ -113,7 +126,7 @@ def test_responses_function_tool_round_trip(client):
     r = client.responses.create(input="What is the weather in Paris?", tool_choice="required",
                                 parallel_tool_calls=False, **kw)
     (call,) = [o for o in r.output if o.type == "function_call"]
-    assert call.name == "get_weather" and r.status == "completed"
+    assert call.name == "get_weather" and r.status == "completed" and r.tool_choice == "required"
     assert jsonschema_rs.is_valid(RESPONSES_TOOL["parameters"], json.loads(call.arguments))
     events = list(client.responses.create(input="What is the weather in Paris?", tool_choice="required",
                                           parallel_tool_calls=False, stream=True, **kw))
@@ -138,7 +151,9 @@ def test_responses_reasoning_item(client):
     ({"store": True}, "keeps no responses"),
     ({"previous_response_id": "resp_1"}, "keeps no responses"),
     ({"tools": [RESPONSES_TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "has not been passed"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": "{x"}]},
+     "not valid JSON"),
 ])
 def test_responses_requests_that_cannot_be_served_get_400(client, kw, message):
     with pytest.raises(openai.BadRequestError, match=message):
-        client.responses.create(model=MODEL, input="Hi", max_output_tokens=4, **kw)
+        client.responses.create(model=MODEL, **{"input": "Hi", "max_output_tokens": 4, **kw})

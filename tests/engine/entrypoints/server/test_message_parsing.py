@@ -95,3 +95,37 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
             '{"name": "get_weather", "arguments": {"city": "B"}}\n</tool_call>')
     parser = MessageParser(None, get_tool_parser("hermes")(TOOLS), max_calls=1)
     assert [json.loads(a)["city"] for _, _, a in _replay(parser, text)[2]] == ["A"]
+
+
+def test_a_cut_off_last_call_keeps_the_calls_already_sent():
+    """A stream cannot take back a call it sent: the final parse keeps complete calls when the last one is cut off
+    (the format alone would give the whole text back as content)."""
+    text = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "A"}}\n</tool_call>\n<tool_call>\n'
+            '{"name": "get_weather", "argu')
+    parser = MessageParser(None, get_tool_parser("hermes")(TOOLS))
+    reasoning, content, calls = _replay(parser, text)
+    assert (reasoning, content, calls) == _expected(parser, text)
+    assert [json.loads(a) for _, _, a in calls] == [{"city": "A"}] and content == ""
+
+
+def test_arguments_nested_past_the_recursion_limit_are_text():
+    text = '<tool_call>\n{"name": "get_weather", "arguments": ' + "[" * 5000 + "\n</tool_call>"
+    parser = MessageParser(None, get_tool_parser("hermes")(TOOLS))
+    assert _replay(parser, text, step=997) == _expected(parser, text) == ("", text, [])
+
+
+def test_required_schema_lifts_the_tools_defs():
+    ref = {"type": "object", "properties": {"at": {"$ref": "#/$defs/Place"}}, "$defs": {
+        "Place": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+    tools = [{"type": "function", "function": {"name": n, "parameters": ref}} for n in ("a", "b")]
+    schema = required_schema(tools, parallel=True)
+    assert schema["$defs"] == ref["$defs"]
+    assert all("$defs" not in c["properties"]["parameters"] for c in schema["items"]["anyOf"])
+    other = {**ref, "$defs": {"Place": {"type": "string"}}}
+    with pytest.raises(ValueError, match=r"\$defs.Place differently"):
+        required_schema(tools + [{"type": "function", "function": {"name": "c", "parameters": other}}], True)
+
+
+def test_a_named_call_with_nothing_written_is_no_call():
+    parser = MessageParser(None, NamedCall(TOOLS, "get_weather"))
+    assert parser.parse("").calls == () and MessageStream(parser).update("", False) == []

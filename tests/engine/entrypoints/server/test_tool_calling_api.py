@@ -122,8 +122,8 @@ def test_tool_results_reach_the_chat_template(client, agent_server):
 
 
 def test_reasoning_is_kept_apart_from_the_content(client):
-    """Thinking on (the template leaves the think block open): with no </think> in 24 tokens all of it is
-    reasoning (vLLM's qwen3 rule); thinking off: all of it is content."""
+    """Thinking on (the template opens a think block): with no </think> in 24 tokens all of it is reasoning
+    (vLLM's qwen3 rule); thinking off (an empty think block in the prompt): all of it is content."""
     r = _create(client, extra_body={}, max_tokens=24)
     msg = r.choices[0].message
     reasoning = msg.model_extra["reasoning"]
@@ -143,12 +143,26 @@ def test_reasoning_is_kept_apart_from_the_content(client):
     ({"messages": ASK + [{"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "{oops"}}]}]},
      "not valid JSON"),
+    ({"messages": ASK + [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "[" * 1100}}]}]},
+     "nested too deeply"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"properties": "abc"}}}]},
+     "properties that are not an object"),
 ])
 def test_tool_requests_that_cannot_be_served_get_400(client, kw, message):
     with pytest.raises(openai.BadRequestError) as e:
         _create(client, **kw)
     assert message in str(e.value)
     assert _create(client, max_tokens=4).choices[0].finish_reason in ("length", "stop")
+
+
+def test_empty_arguments_in_the_history_are_no_arguments(client):
+    """vLLM reads "" as {} (a call cut off before its arguments, say)."""
+    history = ASK + [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "get_time", "arguments": ""}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "noon"}]
+    assert _create(client, messages=history, max_tokens=2).choices[0].finish_reason in ("length", "stop")
 
 
 def test_auto_needs_a_tool_call_parser(server):
