@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from gpu_kernels import modules as dm
@@ -46,12 +47,13 @@ class Converter:
     def norm(self, n):
         return None if n is None else dm.DeviceRMSNorm(n.weight, n.eps, self.ctx.device)
 
-    def stacked_experts(self, names: list[str], weights: list[list], lp) -> list:
+    def stacked_experts(self, names: list[str], weights: list[list], lp, in_perms=None) -> list:
         """(gate, up, down) DeviceLinears per expert from the stacked tensors `names`; weights[j][e]: the CPU
-        QuantLinear of projection j of expert e (used where the format is not kept packed on the device)."""
+        QuantLinear of projection j of expert e (used where the format is not kept packed on the device);
+        in_perms[j]: None, or act-order's input order of each expert (E, K) of projection j."""
         fmt, streamed = lp.weight_format, lp.weights == "streamed"
         per_proj = []
-        for name, proj in zip(names, weights):
+        for j, (name, proj) in enumerate(zip(names, weights)):
             info = self.ws.info(name)
             E, N, K = info.shape
             if fmt == "packed" and has_device_dequant(info.ggml_type):
@@ -65,6 +67,10 @@ class Converter:
             else:
                 per_proj.append([DeviceLinear(DeviceWeight.build(w, None, fmt, self.ctx.device, self.ctx.compute_dtype,
                                                                  streamed)) for w in proj])
+            perm = in_perms[j] if in_perms else None
+            if perm is not None:  # each expert gathers its inputs in its stored order, as on the CPU
+                for e, lin in enumerate(per_proj[-1]):
+                    lin.in_perm = torch.from_numpy(np.ascontiguousarray(perm[e])).to(self.ctx.device)
         return [tuple(proj[e] for proj in per_proj) for e in range(len(per_proj[0]))]
 
     def as_device(self, lp):

@@ -276,12 +276,13 @@ class HFWeights(WeightSource):
     def _add_stacked(self, name: str, by_expert: dict[int, tuple[_SafetensorsFile, str]]) -> None:
         if sorted(by_expert) != list(range(len(by_expert))):
             _fail(self.path, f"tensor '{name}': experts {sorted(by_expert)} are not 0..E-1")
-        if any(self._perm(by_expert[e]) is not None for e in by_expert):
-            _fail(self.path, f"tensor '{name}': act-order (desc_act) experts are not supported yet")
         parts = [self._entry(by_expert[e], name) for e in range(len(by_expert))]
         if len({(t, s) for t, s, _ in parts}) != 1:
             _fail(self.path, f"tensor '{name}': experts differ in dtype or shape")
         gtype, shape = parts[0][0], (len(parts), *parts[0][1])
+        perms = [self._perm(by_expert[e]) for e in range(len(by_expert))]
+        if any(p is not None for p in perms):  # act-order experts: each its own input order, (E, K)
+            self._in_perms[name] = np.stack([np.arange(shape[-1]) if p is None else p for p in perms])
         loads = [ld for _, _, ld in parts]
         self._tensors[name] = (TensorInfo(name, gtype, shape, -1, tensor_nbytes(gtype, shape)),
                                lambda: np.stack([ld() for ld in loads]))

@@ -17,7 +17,8 @@ outputs when asymmetric) and "int-quantized" (W8A8: int8 `weight`, per-row `weig
 dynamic per-token int8 activations are what Q8_0's kernels do per 32 values).
 Act-order (desc_act: a g_idx that is not k // group_size) holds each group's inputs scattered along K: the rows are
 built over the inputs sorted by group (act_order's permutation), where the groups are whole blocks again, and the
-model gathers its activations in that order before the matmul (WeightSource.in_perm, parts/linear.py).
+model gathers its activations in that order before the matmul (WeightSource.in_perm, parts/linear.py); stacked MoE
+experts keep one order per expert ((E, K), parts/moe.py).
 Not yet: asymmetric 8-bit, 2/3-bit, AWQ's gemv/marlin layouts.
 """
 from __future__ import annotations

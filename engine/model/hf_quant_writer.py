@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import zlib
 
 import numpy as np
 
@@ -92,11 +93,12 @@ def _int_quant(w: np.ndarray, bits: int, sym: bool, group: int = GPTQ_GROUP, bf1
 
 def _act_order_quant(w: np.ndarray, bits: int, sym: bool, group: int, bf16: bool, act_order: bool):
     """_int_quant with act-order (desc_act / actorder "group"): the inputs grouped in a permuted order (GPTQ's, by
-    Hessian diagonal; here a fixed random one per shape) -> (q and decoded in the inputs' own order, zeros, scales,
-    g_idx int32 (K,): each input's group)."""
+    Hessian diagonal, its own per weight; here a random one seeded by the weight's bytes) -> (q and decoded in the
+    inputs' own order, zeros, scales, g_idx int32 (K,): each input's group)."""
     K = w.shape[1]
     group = K if group == -1 else group
-    perm = np.random.default_rng(7919 * w.shape[0] + K).permutation(K) if act_order else np.arange(K)
+    seed = zlib.crc32(np.ascontiguousarray(w).tobytes())
+    perm = np.random.default_rng(seed).permutation(K) if act_order else np.arange(K)
     q, zero, scale, decoded = _int_quant(np.ascontiguousarray(w[:, perm]), bits, sym, group, bf16)
     g_idx = np.empty(K, np.int32)
     g_idx[perm] = np.arange(K) // group

@@ -20,7 +20,7 @@ from tests.model.quant_folders import edited_copy, reference_folder
 from tests.model.tiny_models import hf_logits, tiny_model
 
 CASES = [("llama", "gptq-4"), ("qwen3moe", "gptq-4"), ("qwen3", "gptq-8"), ("qwen3", "gptq-4-asym"),
-         ("llama", "gptq-4-actorder"), ("qwen3", "ct-w4a16-actorder"),
+         ("llama", "gptq-4-actorder"), ("qwen3moe", "gptq-4-actorder"), ("qwen3", "ct-w4a16-actorder"),
          ("llama", "awq"), ("qwen3moe", "awq"), ("qwen3", "ct-w4a16"), ("qwen3moe", "ct-w4a16-asym"),
          ("llama", "ct-w8a16"), ("qwen3", "ct-w8a8")]
 TYPE = {"gptq-4": "Q4_0", "gptq-4-actorder": "Q4_0", "gptq-8": "Q8_0", "gptq-4-asym": "Q5_0", "awq": "Q5_0",
@@ -153,11 +153,11 @@ def test_unsupported_or_broken_gptq_is_refused(q4_folder, tmp_path, config, tens
         load_model(edited_copy(q4_folder, tmp_path, config, tensors))
 
 
-@pytest.fixture(scope="module")
-def actorder_folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gptq-actorder")
+@pytest.fixture(scope="module", params=["llama", "qwen3moe"])
+def actorder_folder(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"gptq-actorder-{request.param}")
     src, dst = str(root / "float"), str(root / "gptq")
-    tiny_model("llama").save_pretrained(src, safe_serialization=True)
+    tiny_model(request.param).save_pretrained(src, safe_serialization=True)
     decoded = write_quantized_folder(src, dst, "gptq-4-actorder")
     ref = transformers.AutoModelForCausalLM.from_pretrained(reference_folder(src, str(root / "ref"), decoded),
                                                             dtype=torch.float32, attn_implementation="eager").eval()
@@ -166,8 +166,9 @@ def actorder_folder(tmp_path_factory):
 
 @pytest.mark.parametrize("weight_dtype", ["packed", "float32"])
 def test_act_order_layers_on_the_device_path(actorder_folder, weight_dtype):
-    """Act-order layers placed on a device (torch's CPU device here) gather their inputs as the CPU path does: float
-    activations there, so transformers' logits on the decoded weights to float32 rounding."""
+    """Act-order layers (and experts, each in its own input order) placed on a device (torch's CPU device here)
+    gather their inputs as the CPU path does: float activations there, so transformers' logits on the decoded weights
+    to float32 rounding."""
     from tests.offload.helpers import PROMPTS as prompts, batched, incremental, placed
     path, ref = actorder_folder
     model, runner, p, _ = placed(path, n_gpu_layers="all", gpu_weight_dtype=weight_dtype)
@@ -177,8 +178,17 @@ def test_act_order_layers_on_the_device_path(actorder_folder, weight_dtype):
         assert err < 1e-3, err
 
 
-def test_act_order_experts_are_refused(tmp_path):
-    tiny_model("qwen3moe").save_pretrained(str(tmp_path / "float"), safe_serialization=True)
-    write_quantized_folder(str(tmp_path / "float"), str(tmp_path / "gptq"), "gptq-4-actorder")
-    with pytest.raises(ModelLoadError, match="act-order .desc_act. experts are not supported yet"):
-        load_model(str(tmp_path / "gptq"))
+def test_act_order_experts_keep_their_own_input_orders(actorder_folder):
+    """Each expert's inputs are stored in its own order; the fused decode step (one order per matmul) steps aside."""
+    from engine.model.parts.moe import MoE
+    path, _ = actorder_folder
+    ws = open_weights(path)
+    name = "blk.0.ffn_up_exps.weight"
+    if name not in ws.names():
+        pytest.skip("a dense model")
+    perms = ws.in_perm(name)
+    assert perms.shape == (ws.info(name).shape[0], ws.info(name).shape[-1])
+    assert len({p.tobytes() for p in perms}) > 1 and all(sorted(p) == list(range(perms.shape[1])) for p in perms)
+    model, _ = load_model(path)
+    moes = [part for b in model.blocks for part in b.parts if isinstance(part, MoE)]
+    assert moes and all(m.fused() is None for m in moes)

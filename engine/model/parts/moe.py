@@ -39,9 +39,10 @@ class MoE(Part):
         self.router_scale = np.array(vector(ws, prefix + "ffn_gate_inp.scale")) if spec.router_input_norm else NO_NORM
         self.router_eps, self.router_root = float(cfg.rms_norm_eps), float(cfg.hidden_size ** -0.5)
         self.expert_scale = np.array(vector(ws, prefix + "ffn_down_exps.scale")) if spec.expert_scale else NO_NORM
-        self.stacked, per_proj, self.biases = [], [], []
+        self.stacked, per_proj, self.biases, self.in_perms = [], [], [], []
         for k, name in self.expert_names.items():
             info = ws.info(name)
+            self.in_perms.append(ws.in_perm(name))  # act-order experts: (E, K), each expert's input order
             # Repacked copies: the mapped pages may leave RSS as the repack goes
             release = (lambda lo, hi, name=name: ws.release(name, lo, hi)) \
                 if get_format(info.ggml_type).repack_copies else None
@@ -51,8 +52,9 @@ class MoE(Part):
             bias = prefix + f"ffn_{k}_exps.bias"
             self.biases.append(_expert_bias(ws, bias, info.shape) if spec.expert_bias else _NO_BIAS)
         # Per expert, its (gate, up, down) Linears over views of the stacked arrays (biases: rows of the stacked ones).
-        self.experts = [tuple(Linear.of(w[e], b[e] if b.size else None, batch_invariant)
-                              for w, b in zip(per_proj, self.biases)) for e in range(len(per_proj[0]))]
+        self.experts = [tuple(Linear.of(w[e], b[e] if b.size else None, batch_invariant, None if p is None else p[e])
+                              for w, b, p in zip(per_proj, self.biases, self.in_perms))
+                        for e in range(len(per_proj[0]))]
         self.shared = None
         if spec.shared is not None:
             self.shared = mlp.GatedMLP(spec.shared, ws, cfg, prefix, batch_invariant, shared)
@@ -106,8 +108,8 @@ class MoE(Part):
     def fused(self):
         from cpu_kernels.decode_block import FusedMoE
         from cpu_kernels.quant.packed import PACKED, packed
-        if not packed_linears((self.router,)):
-            return None
+        if not packed_linears((self.router,)) or any(p is not None for p in self.in_perms):
+            return None  # act-order experts gather their inputs: the unfused path
         shared = ()
         if self.shared is not None:
             shared = self.shared.fused()
@@ -139,7 +141,8 @@ class MoE(Part):
             return HostModule(self, conv.ctx)  # experts (and their router) stay in RAM
         router = conv.linear(self.router, self.names["router"], lp, fmt="float32", streamed=False)
         names = list(self.expert_names.values())
-        experts = conv.stacked_experts(names, [[e[j].weight for e in self.experts] for j in range(len(names))], lp)
+        experts = conv.stacked_experts(names, [[e[j].weight for e in self.experts] for j in range(len(names))], lp,
+                                       self.in_perms)
         shared = self.shared.to_device(conv, lp) if self.shared is not None else None
         s = self.spec
         return DeviceMoE(router, experts, s.top_k, s.norm_topk_prob, self.act, scoring=s.scoring,
