@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, get_type_hints
 
@@ -35,6 +36,10 @@ class EngineArgs:
         "or int4 (the linear layers, symmetric round-to-nearest per row / per 128 values, as Q8_0 / Q4_0 blocks). "
         "Quantized checkpoints are read as they are (their config.json says how)",
         choices=("fp8", "q8_0", "q4_k", "int8", "int4")))
+    speculative_config: Optional[dict] = field(default=None, metadata=_meta(
+        'speculative decoding (vLLM\'s speculative_config, JSON on the command line): {"method": "ngram", '
+        '"num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": m}: greedy completions check k '
+        "tokens copied from where the context repeats its last n..m tokens in one step; other methods are refused"))
     structured_outputs_backend: str = field(default="auto", metadata=_meta(
         "library that compiles structured outputs (JSON schema, regex, choice, grammar) into token masks: xgrammar, "
         "guidance (llguidance), or auto: xgrammar, and guidance for what xgrammar cannot take (as vLLM)",
@@ -132,6 +137,8 @@ class EngineArgs:
             if base is bool:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
                                     help=f.metadata.get("help", ""))
+            elif base is dict:
+                parser.add_argument(flag, type=_json_object, default=f.default, help=f.metadata.get("help", ""))
             else:
                 parser.add_argument(flag, type=base, default=f.default, help=f.metadata.get("help", ""),
                                     choices=f.metadata.get("choices"))
@@ -150,6 +157,16 @@ class EngineArgs:
 
     def replace(self, **kw) -> "EngineArgs":
         return dataclasses.replace(self, **kw)
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def _base_type(typ) -> type:

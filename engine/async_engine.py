@@ -61,6 +61,9 @@ class EngineSnapshot:
     num_swapped: int = 0
     cpu_kv_cache_usage: float = 0.0
     num_step_errors: int = 0
+    spec_decode_num_drafts: int = 0  # speculative decoding (vLLM's counters)
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
 
 @dataclass
@@ -349,9 +352,17 @@ class AsyncLLMEngine:
                 num_preemptions=getattr(st, "num_preemptions", 0),
                 num_swap_outs=st.num_swap_outs, num_swapped=st.num_swapped,
                 cpu_kv_cache_usage=st.cpu_kv_cache_usage,
-                num_step_errors=self.snapshot.num_step_errors)
+                num_step_errors=self.snapshot.num_step_errors, **_spec_counters(e))
         except Exception:  # statistics must never take the loop down
             logger.debug("snapshot failed", exc_info=True)
+
+
+def _spec_counters(engine) -> dict:
+    spec = getattr(engine, "spec_stats", None)  # engines without speculative decoding (test doubles) have none
+    if spec is None:
+        return {}
+    return {"spec_decode_num_drafts": spec.num_drafts, "spec_decode_num_draft_tokens": spec.num_draft_tokens,
+            "spec_decode_num_accepted_tokens": spec.num_accepted_tokens}
 
 
 def _resolve(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, result, error) -> None:

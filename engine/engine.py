@@ -27,6 +27,11 @@ from engine.sample.sampling import SamplingParams
 from engine.core.scheduler import Scheduler
 from engine.structured.manager import StructuredOutputs
 from engine.structured.reasoning_gate import AfterReasoning
+from cpu_kernels import ngram
+from engine.spec_decode.config import SpeculativeConfig
+from engine.spec_decode.ngram import NgramProposer, speculable
+from engine.spec_decode.stats import SpecStats
+from engine.spec_decode.verify import accept_greedy
 
 PromptType = request_checks.PromptType
 LOGITS_SLICE = 128  # prompt-logprob rows turned into logits at once (128 x 262k f32 = 134 MB)
@@ -66,6 +71,12 @@ class LLMEngine:
                                              args.enable_prefix_caching,
                                              num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0,
                                              windows=self.runner.windows)
+        self.spec = SpeculativeConfig.from_dict(args.speculative_config)
+        if self.spec is not None and self.runner.num_state_slots:
+            raise ValueError("speculative decoding is not supported for models with linear-attention layers yet (their "
+                             "state cannot take back rejected drafts)")
+        self.proposer = NgramProposer(self.spec) if self.spec is not None else None
+        self.spec_stats = SpecStats(self.spec.num_speculative_tokens if self.spec else 0)
         self.scheduler = Scheduler(self.kv_manager, max_num_batched_tokens=args.max_num_batched_tokens,
                                    max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,
                                    enable_chunked_prefill=args.enable_chunked_prefill)
@@ -95,6 +106,8 @@ class LLMEngine:
         alone takes 1.5-3 s here and holds the GIL for much of it (started during the warm-up it stretched the
         warm-up from 0.7 to 2.5 s; started after it, the first token waited 0.3 s)."""
         from cpu_kernels.quant.linear import GEMV_MAX_M
+        if self.proposer is not None:
+            ngram.warm_up()
         bs = self.runner.block_size
         n = min(GEMV_MAX_M, (min(self.runner.group_num_blocks) - 1) * bs - 1)  # blocks every group has
         if n < 2:
@@ -283,7 +296,7 @@ class LLMEngine:
                 parent.first_scheduled_time = parent.first_scheduled_time or now
                 prompt_lp = child.prompt_logprobs is not None and s.start_pos < child.request.num_prompt_tokens - 1
                 chunks.append(SeqChunk(s.token_ids, s.start_pos, s.block_ids,
-                                       "all" if prompt_lp else ("last" if s.sample else "none"),
+                                       "all" if prompt_lp or s.spec_token_ids else ("last" if s.sample else "none"),
                                        state_slot=max(s.state_slot, 0), snapshot=s.state_snapshot,
                                        group_block_ids=s.group_block_ids))
             except Exception as e:
@@ -310,11 +323,14 @@ class LLMEngine:
             fused_compile.start_pending()  # after a first token, not before it (fused_compile's docstring)
         self.num_prompt_tokens += sum(s.num_tokens for s in so.scheduled if s.req_id in self.children and (
             not s.sample or s.start_pos + len(s.token_ids) <= self.children[s.req_id].request.num_prompt_tokens))
+        before = {rid: self.children[rid].request.num_output_tokens for rid in sampled if len(sampled[rid]) > 1}
         finished = {req.request_id: reason for req, reason in self.scheduler.update_from_output(so, sampled)}
         touched: dict[str, None] = {}
         for rid, tokens in sampled.items():
             if rid not in self.children:  # failed with a sibling completion
                 continue
+            if rid in before:  # accepted drafts: only those the scheduler kept (EOS or max_tokens may stop early)
+                tokens = tokens[:self.children[rid].request.num_output_tokens - before[rid]]
             try:
                 self._update_text(rid, tokens, finished.get(rid))
             except Exception as e:
@@ -329,6 +345,8 @@ class LLMEngine:
             child.finish_reason, child.stop_reason = "stop", GRAMMAR_END
             child.release()
             touched[self._child_parent[rid]] = None
+        if self.proposer is not None:
+            self._propose(sampled)
         outputs = []
         for pid in touched:
             if pid not in self.parents:
@@ -339,17 +357,36 @@ class LLMEngine:
                 self._fail_parent(pid, e, failures)
         return outputs
 
+    def _propose(self, sampled: dict[str, list[int]]) -> None:
+        """Drafts for the next step of every running greedy completion that sampled this step."""
+        for rid in sampled:
+            child = self.children.get(rid)
+            if child is None or child.finish_reason is not None or not speculable(child.params):
+                continue
+            req = child.request
+            # each accepted draft is an output token, and one more comes after them; all within the context
+            room = min(req.max_tokens - req.num_output_tokens - 1, self.max_model_len - req.num_tokens)
+            req.spec_token_ids = self.proposer.propose(req.all_token_ids, room)
+
     def _update_text(self, rid: str, tokens: list[int], reason: Optional[str]) -> None:
-        """Detokenizes a completion's new token; a stop string found there finishes it."""
+        """Detokenizes a completion's new tokens (several with accepted drafts: one at a time, so that a stop string
+        ends it at the token that completes it, as without speculation); a stop string found there finishes it."""
         child = self.children[rid]
-        self.num_generation_tokens += 1
-        stop_str = child.detok.update(tokens, stop_terminated=reason == "stop", finished=reason is not None)
-        if stop_str is not None:
-            if reason is None:
-                self.scheduler.finish_requests(rid, "stop")
-            reason = "stop"
-            child.stop_reason = stop_str
-        elif reason == "stop":
+        for i, t in enumerate(tokens):
+            last = i == len(tokens) - 1
+            self.num_generation_tokens += 1
+            stop_str = child.detok.update([t], stop_terminated=last and reason == "stop",
+                                          finished=last and reason is not None)
+            if stop_str is not None:
+                if not last:  # the scheduler appended the accepted drafts after this one: they are not the output
+                    del child.request.output_token_ids[i + 1 - len(tokens):]
+                    del child.request.all_token_ids[i + 1 - len(tokens):]
+                if not last or reason is None:
+                    self.scheduler.finish_requests(rid, "stop")
+                child.finish_reason, child.stop_reason = "stop", stop_str
+                child.release()
+                return
+        if reason == "stop":
             child.stop_reason = child.request.stop_reason
         if reason is not None:
             child.finish_reason = reason
@@ -393,14 +430,20 @@ class LLMEngine:
                  ended: list[str]) -> dict[str, list[int]]:
         """One token per scheduled entry that samples. A row whose sampling raises fails its request only:
         the batch is sampled again row by row to find it. Rows under a grammar sample from what it allows; one
-        whose grammar allows nothing more samples nothing and goes to `ended`."""
-        rows, ids = [], []
+        whose grammar allows nothing more samples nothing and goes to `ended`. Entries with drafts get the drafts
+        their rows agree with and one token more."""
+        rows, ids, verified = [], [], {}
         for s, h in zip(scheduled, hidden):
-            if s.sample:
+            if s.sample and s.spec_token_ids:
+                try:
+                    verified[s.req_id] = self._verify(s, h)
+                except Exception as e:
+                    self._fail(s.req_id, e, failures)
+            elif s.sample:
                 rows.append(h[-1])
                 ids.append(s.req_id)
         if not rows:
-            return {}
+            return verified
         try:
             logits = self.runner.compute_logits(np.stack(rows), per_row=True)
         except Exception as e:
@@ -448,7 +491,15 @@ class LLMEngine:
                 self._fail(rid, e, failures)
                 continue
             result[rid] = [tok]
-        return result
+        return {**result, **verified}
+
+    def _verify(self, s, hidden_rows: np.ndarray) -> list[int]:
+        """A greedy completion's drafts checked by the rows of its last token and of each draft."""
+        k = len(s.spec_token_ids)
+        logits = self.runner.compute_logits(hidden_rows[-(k + 1):], per_row=True)  # each row as a decode step's
+        tokens = accept_greedy(logits, s.spec_token_ids)
+        self.spec_stats.record(k, len(tokens) - 1)
+        return tokens
 
     def _output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]

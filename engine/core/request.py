@@ -99,6 +99,9 @@ class Request:
         self.state_slot = -1
         self.state_snapshot: tuple[int, int] | tuple[()] = ()
         self.num_cached_tokens = 0  # prefix-cache hit tokens at the first schedule
+        # Speculative decoding: tokens proposed after the last sampled one, checked by the next step (the engine
+        # sets them; the scheduler runs them with it and takes back the KV of those rejected).
+        self.spec_token_ids: list[int] = []
         self.num_preemptions = 0
         # Timestamps (time.monotonic()).
         self.first_scheduled_time: float | None = None

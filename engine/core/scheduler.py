@@ -129,6 +129,7 @@ class Scheduler:
             swap_out.extend(pairs)
             self.num_swap_outs += 1
         req.status = RequestStatus.PREEMPTED
+        req.spec_token_ids = []
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
@@ -141,7 +142,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
-        picked: list[tuple[Request, int]] = []  # request, num tokens
+        picked: list[tuple[Request, int, list[int]]] = []  # request, num tokens, draft tokens after them
         preempted = False
         swap_out: list[tuple[int, int]] = []  # (device block, host block), device -> RAM
         swap_in: list[tuple[int, int]] = []  # (device block, host block), RAM -> device
@@ -153,7 +154,10 @@ class Scheduler:
             if n <= 0:  # nothing to run (no token sampled yet)
                 i += 1
                 continue
-            new_ids = self.kv.allocate_slots(req, n)
+            spec, req.spec_token_ids = req.spec_token_ids, []
+            if spec and (n != 1 or n + len(spec) > budget or self.kv.allocate_slots(req, n + len(spec)) is None):
+                spec = []  # drafts ride along only when they fit as they are
+            new_ids = self.kv.allocate_slots(req, n) if not spec else []
             while new_ids is None:
                 victim = self.running.pop()  # the last arrived; never one already picked (those are < i)
                 self._preempt(victim, swap_out)
@@ -163,8 +167,8 @@ class Scheduler:
                 new_ids = self.kv.allocate_slots(req, n)
             if new_ids is None:
                 break
-            picked.append((req, n))
-            budget -= n
+            picked.append((req, n, spec))
+            budget -= n + len(spec)
             i += 1
 
         if not preempted:
@@ -196,18 +200,18 @@ class Scheduler:
                 if req.first_scheduled_time is None:
                     req.first_scheduled_time = time.monotonic()
                     req.num_cached_tokens = num_hit
-                picked.append((req, n))
+                picked.append((req, n, []))
                 budget -= n
 
         scheduled = []
-        for req, n in picked:
+        for req, n, spec in picked:
             start = req.num_computed_tokens
-            req.num_computed_tokens = start + n
+            req.num_computed_tokens = start + n + len(spec)
             scheduled.append(ScheduledRequest(
-                req_id=req.request_id, token_ids=tuple(req.all_token_ids[start:start + n]), start_pos=start,
-                block_ids=tuple(req.block_ids), sample=req.num_computed_tokens >= req.num_tokens,
+                req_id=req.request_id, token_ids=tuple(req.all_token_ids[start:start + n]) + tuple(spec),
+                start_pos=start, block_ids=tuple(req.block_ids), sample=req.num_computed_tokens >= req.num_tokens,
                 group_block_ids=tuple(tuple(t) for t in req.block_tables[1:]),
-                state_slot=req.state_slot, state_snapshot=req.state_snapshot))
+                state_slot=req.state_slot, state_snapshot=req.state_snapshot, spec_token_ids=tuple(spec)))
         return SchedulerOutput(scheduled=tuple(scheduled), blocks_to_swap_out=tuple(swap_out),
                                blocks_to_swap_in=tuple(swap_in), state_copies=tuple(self.kv.take_state_copies()))
 
@@ -227,7 +231,11 @@ class Scheduler:
             req = self.requests.get(s.req_id)
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue
-            self.kv.cache_blocks(req, req.num_computed_tokens)
+            if s.spec_token_ids:  # the rejected drafts' KV is not the request's: written over later, never cached
+                accepted = len(sampled.get(s.req_id) or ()) - 1
+                req.num_computed_tokens -= len(s.spec_token_ids) - max(accepted, 0)
+            # accepted drafts are appended below: blocks they complete enter the cache at the next step
+            self.kv.cache_blocks(req, min(req.num_computed_tokens, req.num_tokens))
             if not s.sample:
                 continue
             tokens = sampled.get(s.req_id)

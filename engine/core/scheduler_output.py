@@ -13,8 +13,8 @@ How the engine consumes a SchedulerOutput (block_size is the KV cache's):
          slot        block_ids[p // block_size] * block_size + p % block_size for each position p (per group too)
          logits      the last row, only when `sample` is true (a partial prompt chunk never samples)
          states      state_slot, and the state_snapshot to save (linear-attention layers)
-  2. Return {req_id: [sampled token]} for exactly the entries with sample true, and pass it to
-     Scheduler.update_from_output together with this output.
+  2. Return {req_id: [sampled token]} for exactly the entries with sample true (with spec_token_ids: the accepted
+     drafts and one token more), and pass it to Scheduler.update_from_output together with this output.
 The engine keeps its per-request state itself (engine/req_state.py), so the output carries no request data.
 """
 from __future__ import annotations
@@ -34,6 +34,9 @@ class ScheduledRequest:
     group_block_ids  the tables of cache groups 1.. (sliding-window layers; null where out of the window), or ()
     state_slot     linear-attention layers: the slot of the request's state (-1: the model has none)
     state_snapshot (rows, slot): save the state after that many of token_ids into that checkpoint slot, or ()
+    spec_token_ids draft tokens (speculative decoding), the tail of token_ids: logits of every row of the entry
+                   (the last sampled token's and each draft's) check them; the sampled list holds the accepted
+                   drafts and one more token
     """
     req_id: str
     token_ids: tuple[int, ...]
@@ -43,6 +46,7 @@ class ScheduledRequest:
     group_block_ids: tuple[tuple[int, ...], ...] = ()
     state_slot: int = -1
     state_snapshot: tuple = ()
+    spec_token_ids: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:

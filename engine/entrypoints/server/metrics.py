@@ -37,6 +37,11 @@ ENGINE_METRICS = (
      "cpu_kv_cache_usage"),
     ("ramlm:num_swap_outs_total", "counter", "Preemptions that swapped KV to the RAM tier.", "num_swap_outs"),
     ("ramlm:engine_step_errors_total", "counter", "Engine steps that raised.", "num_step_errors"),
+    ("ramlm:spec_decode_num_drafts_total", "counter", "Speculative drafts checked (one per request and step).",
+     "spec_decode_num_drafts"),
+    ("ramlm:spec_decode_num_draft_tokens_total", "counter", "Draft tokens checked.", "spec_decode_num_draft_tokens"),
+    ("ramlm:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
+     "spec_decode_num_accepted_tokens"),
 )
 
 

@@ -1,0 +1,59 @@
+"""Speculative drafts in the scheduler, with no model: they run with the last sampled token, the KV of rejected
+ones is taken back (num_computed_tokens), and only accepted tokens' blocks enter the prefix cache."""
+from engine.core.kv_cache import KVCacheManager
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler
+from tests.engine.core.fake_requests import SP
+
+EOS = 2
+
+
+def _decoding(block_size=4, budget=64, prompt=(5, 6, 7, 8, 9, 10)):
+    kv = KVCacheManager(num_blocks=32, block_size=block_size)
+    s = Scheduler(kv, max_num_batched_tokens=budget, max_num_seqs=4, max_model_len=128)
+    r = Request("a", list(prompt), SP(max_tokens=50), eos_token_ids=EOS)
+    s.add_request(r)
+    out = s.schedule()
+    s.update_from_output(out, {"a": [11]})  # the prompt ran and sampled 11
+    return s, kv, r
+
+
+def test_drafts_run_with_the_last_token_and_rejected_ones_are_taken_back():
+    s, kv, r = _decoding()
+    r.spec_token_ids = [12, 13, 14]
+    out = s.schedule()
+    (x,) = out.scheduled
+    assert x.token_ids == (11, 12, 13, 14) and x.spec_token_ids == (12, 13, 14) and x.start_pos == 6 and x.sample
+    assert r.num_computed_tokens == 10 and r.spec_token_ids == []
+    s.update_from_output(out, {"a": [12, 20]})  # 12 accepted, 13 rejected (20 instead)
+    assert r.output_token_ids == [11, 12, 20] and r.num_computed_tokens == 8  # prompt, 11 and 12 computed
+    (y,) = s.schedule().scheduled
+    assert y.token_ids == (20,) and y.start_pos == 8
+
+
+def test_only_blocks_of_accepted_tokens_are_cached():
+    s, kv, r = _decoding()
+    r.spec_token_ids = [12, 13, 14, 15, 16]
+    out = s.schedule()
+    s.update_from_output(out, {"a": [30]})  # nothing accepted: positions 7.. hold rejected drafts' KV
+    assert r.num_computed_tokens == 7 and kv._num_cached_blocks["a"] == 1  # [5 6 7 8] only
+    r.spec_token_ids = [31, 32]
+    out = s.schedule()
+    s.update_from_output(out, {"a": [31, 32, 33]})  # both accepted, and 33
+    assert r.all_token_ids == [5, 6, 7, 8, 9, 10, 11, 30, 31, 32, 33] and r.num_computed_tokens == 10
+    s.update_from_output(s.schedule(), {"a": [34]})
+    assert kv._num_cached_blocks["a"] == 2  # [9 10 11 30] once its tokens were all known
+
+
+def test_drafts_that_do_not_fit_the_budget_wait():
+    s, kv, r = _decoding(budget=3, prompt=(5, 6, 7))
+    r.spec_token_ids = [12, 13, 14]
+    (x,) = s.schedule().scheduled
+    assert x.token_ids == (11,) and x.spec_token_ids == ()
+
+
+def test_a_preempted_request_drops_its_drafts():
+    s, kv, r = _decoding()
+    r.spec_token_ids = [12]
+    s._preempt(s.running.pop(), [])
+    assert r.spec_token_ids == []

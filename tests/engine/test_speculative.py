@@ -1,0 +1,121 @@
+"""Speculative decoding (n-gram): greedy output token for token the same as without it, on gemma-3-270m and tiny
+random models, alone and batched with requests it does not apply to; stop strings, EOS and max_tokens inside accepted
+drafts; the config's refusals; the n-gram lookup against a plain reference."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from cpu_kernels.ngram import ngram_lookup
+from engine import LLM, SamplingParams
+from engine.spec_decode.config import SpeculativeConfig
+from tests.model.tiny_models import saved_tiny
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+REPEAT = ("The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. Please repeat "
+          "this sentence exactly three more times: The quick brown fox jumps over the lazy dog.")
+PROMPTS = [REPEAT, "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+           "Copy the list: red, green, blue, red, green, blue, red,", "Hello"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    kw = dict(max_model_len=512, kv_cache_memory=0.25)
+    return LLM(**kw), LLM(speculative_config=NGRAM, **kw)
+
+
+def _same(a, b):
+    for x, y in zip(a, b):
+        for p, q in zip(x.outputs, y.outputs):
+            assert (list(p.token_ids), p.text, p.finish_reason, p.stop_reason) == \
+                   (list(q.token_ids), q.text, q.finish_reason, q.stop_reason)
+
+
+def test_greedy_output_is_the_same_token_for_token(pair):
+    base, spec = pair
+    params = SamplingParams(temperature=0, max_tokens=60)
+    before = spec.llm_engine.spec_stats.num_accepted_tokens
+    _same(base.generate(PROMPTS, params, use_tqdm=False), spec.generate(PROMPTS, params, use_tqdm=False))
+    assert spec.llm_engine.spec_stats.num_accepted_tokens - before > 40  # drafts were taken, not just offered
+
+
+def test_stops_inside_accepted_drafts_end_where_they_would(pair):
+    base, spec = pair
+    for params in [SamplingParams(temperature=0, max_tokens=60, stop=["lazy dog.\n\nThe quick"]),
+                   SamplingParams(temperature=0, max_tokens=60, stop=["fox"], include_stop_str_in_output=True),
+                   SamplingParams(temperature=0, max_tokens=23), SamplingParams(temperature=0, max_tokens=1)]:
+        _same(base.generate([REPEAT], params, use_tqdm=False), spec.generate([REPEAT], params, use_tqdm=False))
+
+
+def test_requests_it_does_not_apply_to_run_as_before(pair):
+    """Sampled, penalized or logprob requests take no drafts; batched with greedy ones, everyone's output is
+    unchanged."""
+    base, spec = pair
+    params = [SamplingParams(temperature=0.8, seed=7, max_tokens=30),
+              SamplingParams(temperature=0, max_tokens=30, repetition_penalty=1.3),
+              SamplingParams(temperature=0, max_tokens=30, logprobs=2), SamplingParams(temperature=0, max_tokens=30)]
+    _same(base.generate([REPEAT] * 4, params, use_tqdm=False), spec.generate([REPEAT] * 4, params, use_tqdm=False))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_tiny_models_match(arch, tmp_path):
+    saved_tiny(tmp_path, arch)
+    words = " ".join(f"t{random.Random(i).randrange(2, 60)}" for i in range(12))
+    prompts = [words + " " + words, "t5 t6 t7 t5 t6 t7 t5"]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    kw = dict(model=str(tmp_path), max_model_len=256, kv_cache_memory=0.05)
+    _same(LLM(**kw).generate(prompts, params, use_tqdm=False),
+          LLM(speculative_config=NGRAM, **kw).generate(prompts, params, use_tqdm=False))
+
+
+def test_linear_attention_models_are_refused(tmp_path):
+    saved_tiny(tmp_path, "qwen35")
+    with pytest.raises(ValueError, match="linear-attention"):
+        LLM(model=str(tmp_path), max_model_len=128, kv_cache_memory=0.05, speculative_config=NGRAM)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"method": "suffix", "num_speculative_tokens": 4}, "'suffix' is not supported yet"),
+    ({"method": "medusa2", "num_speculative_tokens": 4}, "must be one of ngram"),
+    ({"method": "ngram", "num_speculative_tokens": 0, "prompt_lookup_max": 3}, "num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 2}, "needs prompt_lookup_max"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "prompt_lookup_min": 3}, "<="),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "model": "x"}, "unknown"),
+])
+def test_configs_it_cannot_honour_are_refused(config, message):
+    with pytest.raises(ValueError, match=message):
+        SpeculativeConfig.from_dict(config)
+
+
+def _lookup_reference(tokens, lo, hi, k):
+    for n in range(min(hi, len(tokens) - 1), lo - 1, -1):
+        suffix = tokens[-n:]
+        for s in range(len(tokens) - n - 1, -1, -1):
+            if tokens[s:s + n] == suffix:
+                return tokens[s + n:s + n + k]
+    return []
+
+
+def test_ngram_lookup_matches_a_plain_search():
+    rng = random.Random(0)
+    for _ in range(500):
+        tokens = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+        lo = rng.randrange(1, 4)
+        hi, k = lo + rng.randrange(3), rng.randrange(1, 6)
+        start, count = ngram_lookup(np.array(tokens, np.int64), lo, hi, k)
+        assert tokens[start:start + count] == _lookup_reference(tokens, lo, hi, k), (tokens, lo, hi, k)
+
+
+def test_the_command_line_takes_the_config_as_json():
+    import argparse
+
+    from engine.args import EngineArgs
+    ap = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(ap)
+    ns = ap.parse_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, '
+                                                '"prompt_lookup_max": 2}'])
+    assert EngineArgs.from_cli_args(ns).speculative_config["num_speculative_tokens"] == 3
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--speculative-config", "[1, 2]"])
