@@ -28,7 +28,7 @@ from engine.core.scheduler import Scheduler
 from engine.structured.manager import StructuredOutputs
 from engine.structured.reasoning_gate import AfterReasoning
 from cpu_kernels import ngram
-from engine.spec_decode.config import SpeculativeConfig
+from engine.spec_decode.config import SPEC_STEP_ROWS, SpeculativeConfig
 from engine.spec_decode.ngram import NgramProposer, speculable
 from engine.spec_decode.stats import SpecStats
 from engine.spec_decode.verify import accept_greedy
@@ -77,9 +77,10 @@ class LLMEngine:
                              "state cannot take back rejected drafts)")
         self.proposer = NgramProposer(self.spec) if self.spec is not None else None
         self.spec_stats = SpecStats(self.spec.num_speculative_tokens if self.spec else 0)
+        self._draft_len: dict[str, int] = {}  # per completion: drafts to propose next, adapted to its acceptance
         self.scheduler = Scheduler(self.kv_manager, max_num_batched_tokens=args.max_num_batched_tokens,
                                    max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,
-                                   enable_chunked_prefill=args.enable_chunked_prefill)
+                                   enable_chunked_prefill=args.enable_chunked_prefill, spec_step_rows=SPEC_STEP_ROWS)
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
         self.sampler = Sampler(self.eos_token_ids, seed=args.seed)
         self.structured = StructuredOutputs(self.tokenizer, self.config.vocab_size, args.structured_outputs_backend)
@@ -233,6 +234,7 @@ class LLMEngine:
 
     def _forget(self, child_id: str) -> None:
         self.children.pop(child_id, None)
+        self._draft_len.pop(child_id, None)
         self._child_parent.pop(child_id, None)
 
     def has_unfinished_requests(self) -> bool:
@@ -365,7 +367,8 @@ class LLMEngine:
                 continue
             req = child.request
             # each accepted draft is an output token, and one more comes after them; all within the context
-            room = min(req.max_tokens - req.num_output_tokens - 1, self.max_model_len - req.num_tokens)
+            room = min(req.max_tokens - req.num_output_tokens - 1, self.max_model_len - req.num_tokens,
+                       self._draft_len.get(rid, self.spec.num_speculative_tokens))
             req.spec_token_ids = self.proposer.propose(req.all_token_ids, room)
 
     def _update_text(self, rid: str, tokens: list[int], reason: Optional[str]) -> None:
@@ -498,7 +501,10 @@ class LLMEngine:
         k = len(s.spec_token_ids)
         logits = self.runner.compute_logits(hidden_rows[-(k + 1):], per_row=True)  # each row as a decode step's
         tokens = accept_greedy(logits, s.spec_token_ids)
-        self.spec_stats.record(k, len(tokens) - 1)
+        accepted = len(tokens) - 1
+        self.spec_stats.record(k, accepted)
+        # all taken: one more next time; else as many as were taken and one (rows of rejected drafts cost a step)
+        self._draft_len[s.req_id] = min(self.spec.num_speculative_tokens, k + 1 if accepted == k else accepted + 1)
         return tokens
 
     def _output(self, parent_id: str) -> RequestOutput:

@@ -43,11 +43,13 @@ class Scheduler:
         max_model_len: context limit (prompt + outputs).
         enable_chunked_prefill: False -> a prompt runs in one step (needs max_num_batched_tokens >= max_model_len).
         long_prefill_token_threshold: > 0 caps the tokens one request gets per step.
+        spec_step_rows: speculative drafts ride along only while a step's decoding requests and their drafts stay
+            within this many rows (beyond it a CPU step's cost grows with every row: drafts would slow it down).
     """
 
     def __init__(self, kv_cache_manager: KVCacheManager, *, max_num_batched_tokens: int = 2048,
                  max_num_seqs: int = 128, max_model_len: int, enable_chunked_prefill: bool = True,
-                 long_prefill_token_threshold: int = 0):
+                 long_prefill_token_threshold: int = 0, spec_step_rows: int = 8):
         if max_num_batched_tokens < 1 or max_num_seqs < 1 or max_model_len < 1:
             raise ValueError("max_num_batched_tokens, max_num_seqs and max_model_len must be positive")
         if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
@@ -59,6 +61,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
         self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.spec_step_rows = spec_step_rows
         self.requests: dict[str, Request] = {}  # live (waiting or running) requests
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -147,6 +150,10 @@ class Scheduler:
         swap_out: list[tuple[int, int]] = []  # (device block, host block), device -> RAM
         swap_in: list[tuple[int, int]] = []  # (device block, host block), RAM -> device
 
+        # Drafts share a step's rows: the decodes and drafts together stay within spec_step_rows.
+        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        drafting = sum(1 for r in decoding if r.spec_token_ids)
+        allowance = max(0, self.spec_step_rows - len(decoding)) // max(1, drafting)
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -154,7 +161,7 @@ class Scheduler:
             if n <= 0:  # nothing to run (no token sampled yet)
                 i += 1
                 continue
-            spec, req.spec_token_ids = req.spec_token_ids, []
+            spec, req.spec_token_ids = req.spec_token_ids[:allowance], []
             if spec and (n != 1 or n + len(spec) > budget or self.kv.allocate_slots(req, n + len(spec)) is None):
                 spec = []  # drafts ride along only when they fit as they are
             new_ids = self.kv.allocate_slots(req, n) if not spec else []

@@ -7,6 +7,10 @@ from typing import Any, Optional
 METHODS = ("ngram",)
 LATER = ("suffix", "draft_model", "mtp", "eagle", "eagle3", "medusa")  # vLLM's other methods: not built yet
 MAX_SPECULATIVE_TOKENS = 16
+# Rows a decode step may hold, decodes and drafts together: the interleaved GEMV kernels share each weight load among
+# rows, but past a handful a 2-core step is compute-bound and its cost grows with every row (bench.speculative
+# --step-cost gives the curve per model).
+SPEC_STEP_ROWS = 8
 
 
 @dataclass(frozen=True)

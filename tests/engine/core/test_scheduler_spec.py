@@ -57,3 +57,17 @@ def test_a_preempted_request_drops_its_drafts():
     r.spec_token_ids = [12]
     s._preempt(s.running.pop(), [])
     assert r.spec_token_ids == []
+
+
+def test_drafts_share_the_steps_rows():
+    kv = KVCacheManager(num_blocks=64, block_size=4)
+    s = Scheduler(kv, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=128, spec_step_rows=8)
+    reqs = [Request(f"r{i}", [5, 6, 7], SP(max_tokens=50), eos_token_ids=EOS) for i in range(3)]
+    for r in reqs:
+        s.add_request(r)
+    out = s.schedule()
+    s.update_from_output(out, {r.request_id: [11] for r in reqs})
+    for r in reqs:
+        r.spec_token_ids = [1, 2, 3, 4]
+    # 3 decodes leave 5 rows: 1 draft each (5 // 3)
+    assert [x.spec_token_ids for x in s.schedule().scheduled] == [(1,), (1,), (1,)]
