@@ -72,6 +72,10 @@ class LLMEngine:
                                              num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0,
                                              windows=self.runner.windows)
         self.spec = SpeculativeConfig.from_dict(args.speculative_config)
+        placement = getattr(self.model, "placement", None)
+        if self.spec is not None and placement is not None and placement.uses_gpu():
+            raise ValueError("speculative decoding with layers on a GPU is not supported yet (torch's kernels do not "
+                             "give a row the same bits in a k+1-row step as in a decode step)")
         if self.spec is not None and self.runner.num_state_slots:
             raise ValueError("speculative decoding is not supported for models with linear-attention layers yet (their "
                              "state cannot take back rejected drafts)")
@@ -360,7 +364,10 @@ class LLMEngine:
         return outputs
 
     def _propose(self, sampled: dict[str, list[int]]) -> None:
-        """Drafts for the next step of every running greedy completion that sampled this step."""
+        """Drafts for the next step of every running greedy completion that sampled this step (none while the
+        running requests alone fill a step's rows: the scheduler would drop them)."""
+        if self.scheduler.num_running >= SPEC_STEP_ROWS:
+            return
         for rid in sampled:
             child = self.children.get(rid)
             if child is None or child.finish_reason is not None or not speculable(child.params):
@@ -452,7 +459,7 @@ class LLMEngine:
         except Exception as e:
             for rid in ids:
                 self._fail(rid, e, failures)
-            return {}
+            return verified
         srows = []
         for rid in ids:
             c = self.children[rid]
@@ -504,7 +511,8 @@ class LLMEngine:
         accepted = len(tokens) - 1
         self.spec_stats.record(k, accepted)
         # all taken: one more next time; else as many as were taken and one (rows of rejected drafts cost a step)
-        self._draft_len[s.req_id] = min(self.spec.num_speculative_tokens, k + 1 if accepted == k else accepted + 1)
+        grown = max(k, self._draft_len.get(s.req_id, 0)) + 1  # k may have been cut by the row budget or the match
+        self._draft_len[s.req_id] = min(self.spec.num_speculative_tokens, grown if accepted == k else accepted + 1)
         return tokens
 
     def _output(self, parent_id: str) -> RequestOutput:

@@ -154,6 +154,7 @@ class Scheduler:
         decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         drafting = sum(1 for r in decoding if r.spec_token_ids)
         allowance = max(0, self.spec_step_rows - len(decoding)) // max(1, drafting)
+        drafts: list[tuple[int, list[int]]] = []  # (index in picked, drafts) of decodes that have some
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -161,10 +162,8 @@ class Scheduler:
             if n <= 0:  # nothing to run (no token sampled yet)
                 i += 1
                 continue
-            spec, req.spec_token_ids = req.spec_token_ids[:allowance], []
-            if spec and (n != 1 or n + len(spec) > budget or self.kv.allocate_slots(req, n + len(spec)) is None):
-                spec = []  # drafts ride along only when they fit as they are
-            new_ids = self.kv.allocate_slots(req, n) if not spec else []
+            spec, req.spec_token_ids = (req.spec_token_ids[:allowance] if n == 1 else []), []
+            new_ids = self.kv.allocate_slots(req, n)
             while new_ids is None:
                 victim = self.running.pop()  # the last arrived; never one already picked (those are < i)
                 self._preempt(victim, swap_out)
@@ -174,9 +173,19 @@ class Scheduler:
                 new_ids = self.kv.allocate_slots(req, n)
             if new_ids is None:
                 break
-            picked.append((req, n, spec))
-            budget -= n + len(spec)
+            picked.append((req, n, []))
+            if spec:
+                drafts.append((len(picked) - 1, spec))
+            budget -= n
             i += 1
+
+        # Then drafts, from what the step has left: never a preemption or a decode's block for a draft.
+        for j, spec in drafts:
+            req, n, _ = picked[j]
+            if req.status is RequestStatus.RUNNING and len(spec) <= budget \
+                    and self.kv.allocate_slots(req, n + len(spec)) is not None:
+                picked[j] = (req, n, spec)
+                budget -= len(spec)
 
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:

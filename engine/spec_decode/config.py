@@ -40,10 +40,10 @@ class SpeculativeConfig:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"speculative_config.num_speculative_tokens must be an integer in "
                              f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+        if lo is None and hi is None:
+            lo = hi = 5  # vLLM's defaults
         lo = hi if lo is None else lo  # vLLM: a missing bound takes the other's value
         hi = lo if hi is None else hi
-        if lo is None:
-            raise ValueError("speculative_config: ngram needs prompt_lookup_max (and optionally prompt_lookup_min)")
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not 1 <= lo <= hi:
             raise ValueError(f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got {lo}, {hi}")
         return cls(method, k, lo, hi)

@@ -80,13 +80,24 @@ def test_linear_attention_models_are_refused(tmp_path):
     ({"method": "suffix", "num_speculative_tokens": 4}, "'suffix' is not supported yet"),
     ({"method": "medusa2", "num_speculative_tokens": 4}, "must be one of ngram"),
     ({"method": "ngram", "num_speculative_tokens": 0, "prompt_lookup_max": 3}, "num_speculative_tokens"),
-    ({"method": "ngram", "num_speculative_tokens": 2}, "needs prompt_lookup_max"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "prompt_lookup_min": 3}, "<="),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "model": "x"}, "unknown"),
 ])
 def test_configs_it_cannot_honour_are_refused(config, message):
     with pytest.raises(ValueError, match=message):
         SpeculativeConfig.from_dict(config)
+
+
+def test_lookup_bounds_default_as_in_vllm():
+    cfg = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2})
+    assert (cfg.prompt_lookup_min, cfg.prompt_lookup_max) == (5, 5)
+    assert SpeculativeConfig.from_dict({"num_speculative_tokens": 2, "prompt_lookup_max": 3}).prompt_lookup_min == 3
+
+
+def test_layers_on_a_device_are_refused():
+    """torch's kernels give a row different bits in a k+1-row step than in a decode step: not exact there."""
+    with pytest.raises(ValueError, match="layers on a GPU"):
+        LLM(max_model_len=256, kv_cache_memory=0.1, n_gpu_layers="1", gpu_device="cpu", speculative_config=NGRAM)
 
 
 def _lookup_reference(tokens, lo, hi, k):

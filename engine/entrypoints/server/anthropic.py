@@ -71,6 +71,10 @@ def _thinking_kwargs(st: ServerState, body) -> Optional[dict]:
     on = body.thinking.type == "enabled"
     if on and st.tools.reasoning_parser is None:
         raise bad_request("thinking needs the server to run with --reasoning-parser", "thinking")
+    budget = body.thinking.budget_tokens
+    if on and (budget is None or budget >= getattr(body, "max_tokens", budget + 1)):
+        # Anthropic's rules; the reasoning then ends within max_tokens, which holds reasoning and answer together
+        raise bad_request("thinking.budget_tokens is required and must be less than max_tokens", "thinking")
     return {"enable_thinking": on, "thinking": on}
 
 

@@ -71,3 +71,19 @@ def test_drafts_share_the_steps_rows():
         r.spec_token_ids = [1, 2, 3, 4]
     # 3 decodes leave 5 rows: 1 draft each (5 // 3)
     assert [x.spec_token_ids for x in s.schedule().scheduled] == [(1,), (1,), (1,)]
+
+
+def test_drafts_take_only_blocks_left_over_after_every_decode():
+    """One free block: b's decode crosses into a new block and a's drafts would need one too. The decode gets it; the
+    drafts wait (a draft never takes a decode's block, nor preempts anyone)."""
+    kv = KVCacheManager(num_blocks=5, block_size=4)  # 4 usable blocks (block 0 is the null block)
+    s = Scheduler(kv, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=64)
+    a = Request("a", [5, 6, 7], SP(max_tokens=5), eos_token_ids=EOS)
+    b = Request("b", [5, 6, 7, 8, 9, 10, 11, 12], SP(max_tokens=5), eos_token_ids=EOS)
+    for r in (a, b):
+        s.add_request(r)
+    s.update_from_output(s.schedule(), {"a": [12], "b": [13]})  # a holds 1 block, b 2 (full): 1 free
+    a.spec_token_ids = [1, 2, 3]  # a's decode fits its block; its drafts need a second one
+    out = s.schedule()
+    assert [(x.req_id, x.spec_token_ids) for x in out.scheduled] == [("a", ()), ("b", ())]
+    assert all(r.status.name == "RUNNING" for r in (a, b)) and s.num_preemptions == 0

@@ -146,5 +146,6 @@ def agent_server():
     honours enable_thinking. No prefix caching: a prompt read from the cache (fp16 K/V) and one computed whole
     (f32 K/V within the chunk) can differ in a near tie, and the tests compare plain runs with streamed ones."""
     with running_server("--chat-template", str(AGENT_TEMPLATE), "--enable-auto-tool-choice", "--tool-call-parser",
-                        "hermes", "--reasoning-parser", "qwen3", "--no-enable-prefix-caching") as srv:
+                        "hermes", "--reasoning-parser", "qwen3", "--no-enable-prefix-caching",
+                        "--max-model-len", "2048") as srv:  # Anthropic's thinking budget is at least 1024 tokens
         yield srv

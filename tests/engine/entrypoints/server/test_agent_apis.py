@@ -75,10 +75,11 @@ def test_messages_named_tool_and_tool_result_round_trip(claude):
 
 
 def test_messages_thinking_blocks(claude):
-    kw = dict(model=MODEL, max_tokens=16, extra_body=GREEDY, messages=[{"role": "user", "content": "Hi"}],
-              thinking={"type": "enabled", "budget_tokens": 1024})
+    kw = dict(model=MODEL, max_tokens=1100, extra_body=GREEDY,
+              messages=[{"role": "user", "content": "Tell me about Paris."}],
+              thinking={"type": "enabled", "budget_tokens": 1024}, stop_sequences=["\n"])  # max_tokens > budget
     m = claude.messages.create(**kw)
-    assert m.content[0].type == "thinking" and m.content[0].thinking
+    assert m.content[0].type == "thinking" and m.content[0].thinking and m.stop_reason == "stop_sequence"
     with claude.messages.stream(**kw) as s:
         final = s.get_final_message()
     assert final.content[0].thinking == m.content[0].thinking
@@ -102,8 +103,11 @@ def test_messages_tool_errors_are_400(claude, server):
                                tool_choice={"type": "tool", "name": "nope"})
     with anthropic.Anthropic(base_url=server.base_url, api_key=server.api_key, max_retries=0) as plain:
         with pytest.raises(anthropic.BadRequestError, match="--reasoning-parser"):
-            plain.messages.create(model=MODEL, max_tokens=8, messages=ASK,
+            plain.messages.create(model=MODEL, max_tokens=2048, messages=ASK,
                                   thinking={"type": "enabled", "budget_tokens": 1024})
+    with pytest.raises(anthropic.BadRequestError, match="less than max_tokens"):
+        claude.messages.create(model=MODEL, max_tokens=8, messages=ASK, thinking={"type": "enabled",
+                                                                                 "budget_tokens": 1024})
 
 
 def test_responses_plain_and_streamed(client):
