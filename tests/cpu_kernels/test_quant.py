@@ -378,12 +378,15 @@ def test_gemv_is_bitwise_equal_on_every_instruction_set():
     """Every int8 GEMV format gives the same bits on the host's path, capped at AVX2 and on generic IR
     (dpbusd7 assumes 4-6-bit weights below 128: a format breaking that would saturate vpmaddubsw here)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # the three compile at once: each compiles on one thread, so they share the cores rather than queue
+    procs = {level: subprocess.Popen([sys.executable, "-c", _GEMV_CHECK], env=dict(os.environ, RAMLM_SIMD=level),
+                                     cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for level in ("auto", "avx2", "generic")}
     got = {}
-    for level in ("auto", "avx2", "generic"):
-        res = subprocess.run([sys.executable, "-c", _GEMV_CHECK], env=dict(os.environ, RAMLM_SIMD=level), cwd=root,
-                             capture_output=True, text=True, timeout=600)
-        assert res.returncode == 0, res.stderr[-2000:]
-        got[level] = np.frombuffer(bytes.fromhex(res.stdout), np.float32)
+    for level, proc in procs.items():
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-2000:]
+        got[level] = np.frombuffer(bytes.fromhex(out), np.float32)
     assert got["auto"].size == 8 * 40 * 16 + 2 * 40 * 512 and np.isfinite(got["auto"]).all()
     np.testing.assert_array_equal(got["avx2"], got["auto"])
     np.testing.assert_array_equal(got["generic"], got["auto"])
