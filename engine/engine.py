@@ -26,12 +26,9 @@ from engine.sample.sampler import Sampler, SamplingRow, prompt_logprobs_for
 from engine.sample.sampling import SamplingParams
 from engine.core.scheduler import Scheduler
 from engine.structured.manager import StructuredOutputs
-from engine.structured.reasoning_gate import AfterReasoning
-from cpu_kernels import ngram
-from engine.spec_decode.config import SPEC_STEP_ROWS, SpeculativeConfig
-from engine.spec_decode.ngram import NgramProposer, speculable
+from engine.spec_decode.config import SPEC_STEP_ROWS
+from engine.spec_decode.speculator import Speculator
 from engine.spec_decode.stats import SpecStats
-from engine.spec_decode.verify import accept_greedy
 
 PromptType = request_checks.PromptType
 LOGITS_SLICE = 128  # prompt-logprob rows turned into logits at once (128 x 262k f32 = 134 MB)
@@ -71,17 +68,7 @@ class LLMEngine:
                                              args.enable_prefix_caching,
                                              num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0,
                                              windows=self.runner.windows)
-        self.spec = SpeculativeConfig.from_dict(args.speculative_config)
-        placement = getattr(self.model, "placement", None)
-        if self.spec is not None and placement is not None and placement.uses_gpu():
-            raise ValueError("speculative decoding with layers on a GPU is not supported yet (torch's kernels do not "
-                             "give a row the same bits in a k+1-row step as in a decode step)")
-        if self.spec is not None and self.runner.num_state_slots:
-            raise ValueError("speculative decoding is not supported for models with linear-attention layers yet (their "
-                             "state cannot take back rejected drafts)")
-        self.proposer = NgramProposer(self.spec) if self.spec is not None else None
-        self.spec_stats = SpecStats(self.spec.num_speculative_tokens if self.spec else 0)
-        self._draft_len: dict[str, int] = {}  # per completion: drafts to propose next, adapted to its acceptance
+        self.speculator = Speculator.build(args.speculative_config, self.model, self.runner)
         self.scheduler = Scheduler(self.kv_manager, max_num_batched_tokens=args.max_num_batched_tokens,
                                    max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,
                                    enable_chunked_prefill=args.enable_chunked_prefill, spec_step_rows=SPEC_STEP_ROWS)
@@ -111,8 +98,8 @@ class LLMEngine:
         alone takes 1.5-3 s here and holds the GIL for much of it (started during the warm-up it stretched the
         warm-up from 0.7 to 2.5 s; started after it, the first token waited 0.3 s)."""
         from cpu_kernels.quant.linear import GEMV_MAX_M
-        if self.proposer is not None:
-            ngram.warm_up()
+        if self.speculator is not None:
+            self.speculator.warm_up()
         bs = self.runner.block_size
         n = min(GEMV_MAX_M, (min(self.runner.group_num_blocks) - 1) * bs - 1)  # blocks every group has
         if n < 2:
@@ -195,15 +182,8 @@ class LLMEngine:
                           child_params.make_generator(),
                           logprobs=[] if child_params.logprobs is not None else None,
                           prompt_logprobs=[] if child_params.prompt_logprobs is not None else None,
-                          grammar=self._matcher(parent) if with_grammar and parent.grammar else None)
-
-    def _matcher(self, parent: ParentState):
-        """A completion's grammar matcher; after the reasoning block when the server's reasoning parser says so."""
-        matcher = self.structured.matcher(*parent.grammar)
-        end = parent.params.structured_outputs._reasoning_end
-        if end:
-            return AfterReasoning(matcher, end, lambda t: self.tokenizer.decode([t], skip_special_tokens=False))
-        return matcher
+                          grammar=self.structured.matcher(*parent.grammar, parent.params.structured_outputs)
+                          if with_grammar and parent.grammar else None)
 
     def _admit(self, parent: ParentState, child: ChildState) -> None:
         child_id = child.request_id
@@ -238,7 +218,8 @@ class LLMEngine:
 
     def _forget(self, child_id: str) -> None:
         self.children.pop(child_id, None)
-        self._draft_len.pop(child_id, None)
+        if self.speculator is not None:
+            self.speculator.forget(child_id)
         self._child_parent.pop(child_id, None)
 
     def has_unfinished_requests(self) -> bool:
@@ -351,8 +332,9 @@ class LLMEngine:
             child.finish_reason, child.stop_reason = "stop", GRAMMAR_END
             child.release()
             touched[self._child_parent[rid]] = None
-        if self.proposer is not None:
-            self._propose(sampled)
+        if self.speculator is not None:
+            self.speculator.propose([(rid, self.children[rid]) for rid in sampled if rid in self.children],
+                                    self.scheduler.num_running, self.max_model_len)
         outputs = []
         for pid in touched:
             if pid not in self.parents:
@@ -362,21 +344,6 @@ class LLMEngine:
             except Exception as e:
                 self._fail_parent(pid, e, failures)
         return outputs
-
-    def _propose(self, sampled: dict[str, list[int]]) -> None:
-        """Drafts for the next step of every running greedy completion that sampled this step (none while the
-        running requests alone fill a step's rows: the scheduler would drop them)."""
-        if self.scheduler.num_running >= SPEC_STEP_ROWS:
-            return
-        for rid in sampled:
-            child = self.children.get(rid)
-            if child is None or child.finish_reason is not None or not speculable(child.params):
-                continue
-            req = child.request
-            # each accepted draft is an output token, and one more comes after them; all within the context
-            room = min(req.max_tokens - req.num_output_tokens - 1, self.max_model_len - req.num_tokens,
-                       self._draft_len.get(rid, self.spec.num_speculative_tokens))
-            req.spec_token_ids = self.proposer.propose(req.all_token_ids, room)
 
     def _update_text(self, rid: str, tokens: list[int], reason: Optional[str]) -> None:
         """Detokenizes a completion's new tokens (several with accepted drafts: one at a time, so that a stop string
@@ -446,7 +413,7 @@ class LLMEngine:
         for s, h in zip(scheduled, hidden):
             if s.sample and s.spec_token_ids:
                 try:
-                    verified[s.req_id] = self._verify(s, h)
+                    verified[s.req_id] = self.speculator.verify(s, h, self.runner.compute_logits)
                 except Exception as e:
                     self._fail(s.req_id, e, failures)
             elif s.sample:
@@ -503,18 +470,6 @@ class LLMEngine:
             result[rid] = [tok]
         return {**result, **verified}
 
-    def _verify(self, s, hidden_rows: np.ndarray) -> list[int]:
-        """A greedy completion's drafts checked by the rows of its last token and of each draft."""
-        k = len(s.spec_token_ids)
-        logits = self.runner.compute_logits(hidden_rows[-(k + 1):], per_row=True)  # each row as a decode step's
-        tokens = accept_greedy(logits, s.spec_token_ids)
-        accepted = len(tokens) - 1
-        self.spec_stats.record(k, accepted)
-        # all taken: one more next time; else as many as were taken and one (rows of rejected drafts cost a step)
-        grown = max(k, self._draft_len.get(s.req_id, 0)) + 1  # k may have been cut by the row budget or the match
-        self._draft_len[s.req_id] = min(self.spec.num_speculative_tokens, grown if accepted == k else accepted + 1)
-        return tokens
-
     def _output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]
         now = time.time()
@@ -535,3 +490,8 @@ class LLMEngine:
 
     def stats(self):
         return self.scheduler.make_stats()
+
+    @property
+    def spec_stats(self) -> SpecStats:
+        """Speculative decoding's counters (all zero without it)."""
+        return self.speculator.stats if self.speculator is not None else SpecStats(0)

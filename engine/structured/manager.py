@@ -10,12 +10,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Optional
 
 import numpy as np
 
 from cpu_kernels.token_mask import apply_token_bitmask
 from engine.structured.backends import GuidanceBackend, XgrammarBackend
 from engine.structured.params import BACKENDS, StructuredOutputsParams
+from engine.structured.reasoning_gate import AfterReasoning
 
 CACHE_SIZE = 256  # compiled grammars kept (LRU)
 _CLASSES = {"xgrammar": XgrammarBackend, "guidance": GuidanceBackend}
@@ -99,9 +101,14 @@ class StructuredOutputs:
                 self._cache.popitem(last=False)
         return fut
 
-    def matcher(self, backend: str, compiled):
-        """A fresh matcher for one completion over a grammar `backend` compiled (what compile's future gave)."""
-        return self.backend(backend).matcher(compiled)
+    def matcher(self, backend: str, compiled, params: Optional[StructuredOutputsParams] = None):
+        """A fresh matcher for one completion over a grammar `backend` compiled (what compile's future gave); with
+        params whose _reasoning_end is set (the server's reasoning parser), one that starts after the reasoning."""
+        matcher = self.backend(backend).matcher(compiled)
+        if params is not None and params._reasoning_end:
+            return AfterReasoning(matcher, params._reasoning_end,
+                                  lambda t: self.tokenizer.decode([t], skip_special_tokens=False))
+        return matcher
 
     def mask(self, logits: np.ndarray, rows: list[int], matchers: list) -> list:
         """Sets the logits of tokens the grammars refuse to -inf, rows[j] by matchers[j]; per row, whether any token
