@@ -38,7 +38,7 @@ class EngineArgs:
         choices=("fp8", "q8_0", "q4_k", "int8", "int4")))
     speculative_config: Optional[dict] = field(default=None, metadata=_meta(
         'speculative decoding (vLLM\'s speculative_config, JSON on the command line): {"method": "ngram", '
-        '"num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": m}: greedy completions check k '
+        '"num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": m}: completions check k '
         "tokens copied from where the context repeats its last n..m tokens in one step; other methods are refused"))
     structured_outputs_backend: str = field(default="auto", metadata=_meta(
         "library that compiles structured outputs (JSON schema, regex, choice, grammar) into token masks: xgrammar, "

@@ -317,7 +317,9 @@ class LLMEngine:
             if rid not in self.children:  # failed with a sibling completion
                 continue
             if rid in before:  # accepted drafts: only those the scheduler kept (EOS or max_tokens may stop early)
-                tokens = tokens[:self.children[rid].request.num_output_tokens - before[rid]]
+                cut = tokens[self.children[rid].request.num_output_tokens - before[rid]:]
+                tokens = tokens[:len(tokens) - len(cut)]
+                self._drop_logprobs(self.children[rid], cut)
             try:
                 self._update_text(rid, tokens, finished.get(rid))
             except Exception as e:
@@ -358,6 +360,7 @@ class LLMEngine:
                 if not last:  # the scheduler appended the accepted drafts after this one: they are not the output
                     del child.request.output_token_ids[i + 1 - len(tokens):]
                     del child.request.all_token_ids[i + 1 - len(tokens):]
+                    self._drop_logprobs(child, tokens[i + 1:])
                 if not last or reason is None:
                     self.scheduler.finish_requests(rid, "stop")
                 child.finish_reason, child.stop_reason = "stop", stop_str
@@ -412,8 +415,16 @@ class LLMEngine:
         rows, ids, verified = [], [], {}
         for s, h in zip(scheduled, hidden):
             if s.sample and s.spec_token_ids:
+                c = self.children[s.req_id]
                 try:
-                    verified[s.req_id] = self.speculator.verify(s, h, self.runner.compute_logits)
+                    v = self.speculator.verify(s, h, self.runner.compute_logits, c, c.generator or
+                                               self.sampler.generator, self.eos_token_ids, self.structured.mask)
+                    if v.ended:
+                        self.scheduler.finish_requests(s.req_id, "stop")  # before update_from_output, as below
+                        ended.append(s.req_id)
+                    else:
+                        self._add_logprobs(c, v.tokens, v.logprobs)
+                        verified[s.req_id] = v.tokens
                 except Exception as e:
                     self._fail(s.req_id, e, failures)
             elif s.sample:
@@ -460,15 +471,25 @@ class LLMEngine:
                     self.scheduler.finish_requests(rid, "stop")  # before update_from_output, which wants a token
                     ended.append(rid)
                     continue
-                if c.logprobs is not None:
-                    fill_decoded_tokens(self.tokenizer, [lp])
-                    c.logprobs.append(lp)
-                    c.cumulative_logprob += lp[tok].logprob
+                self._add_logprobs(c, [tok], [lp])
             except Exception as e:
                 self._fail(rid, e, failures)
                 continue
             result[rid] = [tok]
         return {**result, **verified}
+
+    @staticmethod
+    def _drop_logprobs(c: ChildState, tokens: list[int]) -> None:
+        """Takes back the logprobs of the last `tokens`, accepted drafts that a stop cut from the output."""
+        if c.logprobs is not None and tokens:
+            c.cumulative_logprob -= sum(lp[t].logprob for t, lp in zip(tokens, c.logprobs[-len(tokens):]))
+            del c.logprobs[-len(tokens):]
+
+    def _add_logprobs(self, c: ChildState, tokens: list[int], logprobs: list) -> None:
+        if c.logprobs is not None:
+            fill_decoded_tokens(self.tokenizer, logprobs)
+            c.logprobs.extend(logprobs)
+            c.cumulative_logprob += sum(lp[t].logprob for t, lp in zip(tokens, logprobs))
 
     def _output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]

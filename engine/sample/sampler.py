@@ -87,7 +87,7 @@ class Sampler:
             else:
                 token_ids[i] = _sample_random(x, p, uniforms[i], copied=x is not raw)
             logprobs.append(None if p.logprobs is None
-                            else _token_logprobs(raw, int(token_ids[i]), p.logprobs))
+                            else token_logprobs(raw, int(token_ids[i]), p.logprobs))
         return SamplerOutput(token_ids, logprobs)
 
 
@@ -130,6 +130,14 @@ def apply_logits_processors(x: np.ndarray, row: SamplingRow, eos_token_ids: Sequ
 
 def _sample_random(x: np.ndarray, p: SamplingParams, u: float, copied: bool) -> int:
     """Temperature, top_k, top_p, min_p on one row x (V,), then the inverse CDF at u in [0, 1)."""
+    weights, ids = truncated_distribution(x, p, copied)
+    return inverse_cdf(weights, u, ids)
+
+
+def truncated_distribution(x: np.ndarray, p: SamplingParams, copied: bool) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """Temperature, top_k, top_p, min_p on one row x (V,) -> (weights, ids): the unnormalized probabilities of the
+    tokens a random row may draw, over the whole vocabulary (ids None) or over the token ids `ids`. copied: x is the
+    caller's own copy (scaled in place)."""
     if p.temperature != 1.0:
         if copied:
             x /= np.float32(p.temperature)
@@ -139,14 +147,14 @@ def _sample_random(x: np.ndarray, p: SamplingParams, u: float, copied: bool) -> 
     top_k = p.top_k if 0 < p.top_k < vocab_size else 0
     m = x.max()
     if not np.isfinite(m):  # everything masked (or NaN logits): nothing sensible to draw from
-        return int(np.argmax(x))
+        return np.ones(1), np.array([int(np.argmax(x))])
 
     if not top_k and p.top_p >= 1.0:
         # No truncation by rank: no sort at all. Relative probabilities exp(x - max) suffice.
         e = np.exp(x - m)
         if p.min_p > 0.0:
             e[e < np.float32(p.min_p)] = 0.0  # the top token's relative probability is 1
-        return _inverse_cdf(e, u, None)
+        return e, None
 
     if top_k:
         # Keep the k largest (and anything tied with the k-th, as vLLM does).
@@ -169,7 +177,7 @@ def _sample_random(x: np.ndarray, p: SamplingParams, u: float, copied: bool) -> 
         cand, cand_e = cand[:keep], cand_e[:keep]
     if p.min_p > 0.0:
         cand_e = np.where(cand_e >= np.float32(p.min_p) * cand_e[0], cand_e, np.float32(0.0))
-    return _inverse_cdf(cand_e, u, cand)
+    return cand_e, cand
 
 
 def _nucleus_candidates(x: np.ndarray, e: np.ndarray, mass: float) -> np.ndarray:
@@ -184,7 +192,7 @@ def _nucleus_candidates(x: np.ndarray, e: np.ndarray, mass: float) -> np.ndarray
     return np.arange(vocab_size)
 
 
-def _inverse_cdf(weights: np.ndarray, u: float, ids: Optional[np.ndarray]) -> int:
+def inverse_cdf(weights: np.ndarray, u: float, ids: Optional[np.ndarray]) -> int:
     """Index (or ids[index]) drawn with probability proportional to weights, at uniform u."""
     cdf = np.cumsum(weights, dtype=np.float64)
     idx = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
@@ -215,7 +223,7 @@ def _topk_logprobs(x: np.ndarray, lse: float, k: int, token: Optional[int]) -> d
     return result
 
 
-def _token_logprobs(raw: np.ndarray, token: int, k: int) -> dict[int, Logprob]:
+def token_logprobs(raw: np.ndarray, token: int, k: int) -> dict[int, Logprob]:
     return _topk_logprobs(raw, _log_normalizer(raw), k, token)
 
 

@@ -1,19 +1,10 @@
-"""The n-gram proposer (vLLM's "ngram", prompt lookup): drafts copied from where the context repeats itself, for the
-requests whose next token is a pure argmax (greedy, no penalty, bias or grammar), so checking them is exact."""
+"""The n-gram proposer (vLLM's "ngram", prompt lookup): drafts copied from where the context repeats itself."""
 from __future__ import annotations
 
 import numpy as np
 
 from cpu_kernels.ngram import ngram_lookup
 from engine.spec_decode.config import SpeculativeConfig
-
-
-def speculable(params) -> bool:
-    """Whether a request's tokens can be checked by argmax alone: greedy, one completion, nothing that changes a
-    row's logits with the tokens before it (penalties, min_tokens) or that needs per-token extras (logprobs)."""
-    return (params.temperature < 1e-5 and params.n == 1 and params.logprobs is None
-            and params.structured_outputs is None and not params.logit_bias and params.min_tokens == 0
-            and params.presence_penalty == 0 and params.frequency_penalty == 0 and params.repetition_penalty == 1)
 
 
 class NgramProposer:

@@ -1,9 +1,11 @@
 """Speculative decoding (n-gram): greedy output token for token the same as without it, on gemma-3-270m and tiny
-random models, alone and batched with requests it does not apply to; stop strings, EOS and max_tokens inside accepted
-drafts; the config's refusals; the n-gram lookup against a plain reference."""
+random models, with penalties, bias, logprobs and grammars; sampled output distributed as without it (engine level:
+the rows' own check is tests/engine/test_spec_verify.py); stop strings, EOS and max_tokens inside accepted drafts; the
+config's refusals; the n-gram lookup against a plain reference."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from cpu_kernels.ngram import ngram_lookup
 from engine import LLM, SamplingParams
 from engine.spec_decode.config import SpeculativeConfig
+from tests.engine.test_spec_verify import _chi_square_p
 from tests.model.tiny_models import saved_tiny
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -49,14 +52,65 @@ def test_stops_inside_accepted_drafts_end_where_they_would(pair):
         _same(base.generate([REPEAT], params, use_tqdm=False), spec.generate([REPEAT], params, use_tqdm=False))
 
 
-def test_requests_it_does_not_apply_to_run_as_before(pair):
-    """Sampled, penalized or logprob requests take no drafts; batched with greedy ones, everyone's output is
-    unchanged."""
+def test_greedy_with_penalties_bias_logprobs_and_grammars_is_the_same(pair):
+    """Every row of a check goes through the request's processors with the drafts before it in its history."""
     base, spec = pair
-    params = [SamplingParams(temperature=0.8, seed=7, max_tokens=30),
-              SamplingParams(temperature=0, max_tokens=30, repetition_penalty=1.3),
-              SamplingParams(temperature=0, max_tokens=30, logprobs=2), SamplingParams(temperature=0, max_tokens=30)]
-    _same(base.generate([REPEAT] * 4, params, use_tqdm=False), spec.generate([REPEAT] * 4, params, use_tqdm=False))
+    params = [SamplingParams(temperature=0, max_tokens=30, repetition_penalty=1.3),
+              SamplingParams(temperature=0, max_tokens=30, presence_penalty=0.8, frequency_penalty=0.3),
+              SamplingParams(temperature=0, max_tokens=30, logit_bias={1437: 3.0}, min_tokens=25),
+              SamplingParams(temperature=0, max_tokens=30, logprobs=2),
+              SamplingParams(temperature=0, max_tokens=40, structured_outputs={"regex": r"( ?The quick brown fox)+"})]
+    a, b, stats = [], [], spec.llm_engine.spec_stats
+    accepted = stats.num_accepted_tokens
+    for i, p in enumerate(params):  # one at a time: five decodes together would leave no rows for drafts
+        drafted = stats.num_draft_tokens
+        a += base.generate([REPEAT], p, use_tqdm=False)  # the same schedule (prefix-cache hits) in both engines
+        b += spec.generate([REPEAT], p, use_tqdm=False)
+        assert i < 2 or stats.num_draft_tokens - drafted > 3  # penalized outputs may not repeat themselves
+    assert stats.num_accepted_tokens - accepted > 40
+    _same(a, b)
+    x, y = a[3].outputs[0], b[3].outputs[0]
+    assert len(y.logprobs) == len(y.token_ids)
+    for p, q in zip(x.logprobs, y.logprobs):
+        assert p.keys() == q.keys() and all(p[t].rank == q[t].rank for t in p)
+        assert [p[t].logprob for t in p] == pytest.approx([q[t].logprob for t in q], abs=1e-5)
+    assert x.cumulative_logprob == pytest.approx(y.cumulative_logprob, abs=1e-4)
+
+
+def test_logprobs_of_drafts_cut_by_a_stop_are_taken_back(pair):
+    base, spec = pair
+    params = SamplingParams(temperature=0, max_tokens=60, stop=["lazy"], logprobs=1)
+    x, y = base.generate([REPEAT], params, use_tqdm=False)[0].outputs[0], \
+        spec.generate([REPEAT], params, use_tqdm=False)[0].outputs[0]
+    assert list(x.token_ids) == list(y.token_ids) and len(y.logprobs) == len(y.token_ids)
+    assert x.cumulative_logprob == pytest.approx(y.cumulative_logprob, abs=1e-4)
+
+
+def test_seeded_sampling_takes_drafts_and_is_reproducible(pair):
+    _, spec = pair
+    params = SamplingParams(temperature=0.3, seed=11, max_tokens=40)
+    before = spec.llm_engine.spec_stats.num_accepted_tokens
+    first = spec.generate([REPEAT], params, use_tqdm=False)[0].outputs[0]
+    assert spec.llm_engine.spec_stats.num_accepted_tokens - before > 10
+    assert list(spec.generate([REPEAT], params, use_tqdm=False)[0].outputs[0].token_ids) == list(first.token_ids)
+
+
+def test_sampled_output_is_distributed_as_without_drafts(tmp_path):
+    """n completions of a tiny random model whose likely tokens repeat the prompt (a logit bias), with and without
+    drafts: how often they go on as the drafts do agrees (two-sample chi-square), and drafts were taken."""
+    saved_tiny(tmp_path, "llama")
+    kw = dict(model=str(tmp_path), max_model_len=128, kv_cache_memory=0.05, seed=0, max_num_seqs=2)  # rows to draft
+    base, spec = LLM(**kw), LLM(speculative_config=NGRAM, **kw)
+    prompt = base.get_tokenizer().encode("t5 t6 t7 t5 t6 t7 t5 t6 t7 t5")
+    bias = {t: 5.0 for t in set(prompt[-3:])}
+    params = SamplingParams(n=500, temperature=1.0, max_tokens=4, ignore_eos=True, logit_bias=bias)
+    def follows(ids):  # where the completion goes on as a draft would (taking drafts too often inflates these)
+        return tuple(_lookup_reference(prompt + ids[:i], 1, 3, 1) == ids[i:i + 1] for i in range(1, 4))
+
+    runs = [Counter(follows(list(c.token_ids)) for c in llm.generate([{"prompt_token_ids": prompt}], params,
+                                                               use_tqdm=False)[0].outputs) for llm in (base, spec)]
+    assert spec.llm_engine.spec_stats.num_accepted_tokens > 100
+    assert _chi_square_p(*runs) > 1e-3, runs
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
