@@ -1,8 +1,10 @@
-"""Speculative decoding's gain: greedy decode tok/s with n-gram drafts against the same engine without them, on
-input-grounded chats (bench/spec_prompts.py), one request and 16 at a time, alternating rounds, medians; and the cost
-of a q-row verification step (q = 1..8) against a 1-row decode step at a given context depth:
+"""Speculative decoding's gain: greedy decode tok/s with drafts (n-gram; suffix, with and without its tree of recent
+outputs, which learns the set's answers over the rounds) against the same engine without them, on input-grounded chats
+(bench/spec_prompts.py), one request and 16 at a time, alternating rounds, medians; and the cost of a q-row
+verification step (q = 1..8) against a 1-row decode step at a given context depth:
 
-    python -m bench.speculative [--model M] [--k 4] [--lookup 1,3] [--rounds 3] [--gen-tokens 128]
+    python -m bench.speculative [--model M] [--methods ngram,suffix,suffix-nocache] [--k 4] [--lookup 1,3]
+                                [--rounds 3] [--gen-tokens 128]
     python -m bench.speculative --step-cost [--model M] [--depth 512]
 """
 from __future__ import annotations
@@ -17,14 +19,19 @@ def _gain(a) -> dict:
     from bench.spec_prompts import PROMPTS
     from engine import LLM, SamplingParams
     lo, hi = (int(v) for v in a.lookup.split(","))
-    cfg = {"method": "ngram", "num_speculative_tokens": a.k, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    configs = {"ngram": {"method": "ngram", "num_speculative_tokens": a.k, "prompt_lookup_min": lo,
+                         "prompt_lookup_max": hi},
+               "suffix": {"method": "suffix", "num_speculative_tokens": a.k},
+               "suffix-nocache": {"method": "suffix", "num_speculative_tokens": a.k,
+                                  "suffix_decoding_max_cached_requests": 0}}
+    methods = a.methods.split(",")
     kw = dict(model=a.model, max_model_len=2048, kv_cache_memory=a.kv_gib)
-    engines = {"plain": LLM(**kw), "ngram": LLM(speculative_config=cfg, **kw)}
+    engines = {"plain": LLM(**kw), **{m: LLM(speculative_config=configs[m], **kw) for m in methods}}
     for llm in engines.values():
         llm.llm_engine.import_torch_now()
     params = SamplingParams(temperature=0.0, max_tokens=a.gen_tokens)
     chats = [[{"role": "user", "content": p}] for p in PROMPTS]
-    figures = {"config": cfg}
+    figures = {"configs": {m: configs[m] for m in methods}}
     for n in (int(c) for c in a.concurrency.split(",")):
         runs, texts = {k: [] for k in engines}, {}
         for r in range(a.rounds + 1):
@@ -38,18 +45,20 @@ def _gain(a) -> dict:
                 texts[k] = [o.outputs[0].text for o in outs]
                 if r:  # round 0 warms
                     runs[k].append(tokens / (time.perf_counter() - t0))
-        plain, ngram = median(runs["plain"]), median(runs["ngram"])
-        same = texts["plain"] == texts["ngram"]
-        figures[f"concurrency_{n}"] = {"plain_tok_s": plain, "ngram_tok_s": ngram, "ratio": ngram / plain,
-                                       "same_text": same, "runs": runs}
-        print(f"{n} at a time: plain {plain:.1f} tok/s, ngram {ngram:.1f} tok/s ({ngram / plain:.2f}x), "
-              f"same text: {same}")
-    st = engines["ngram"].llm_engine.spec_stats
-    figures["acceptance"] = {"drafts": st.num_drafts, "draft_tokens": st.num_draft_tokens,
-                             "accepted": st.num_accepted_tokens, "rate": st.acceptance_rate,
-                             "per_position": st.accepted_per_pos}
-    print(f"accepted {st.num_accepted_tokens} of {st.num_draft_tokens} draft tokens ({st.acceptance_rate:.0%}); "
-          f"per position {st.accepted_per_pos}")
+        plain = median(runs["plain"])
+        figures[f"concurrency_{n}"] = {"plain_tok_s": plain, "runs": runs}
+        for m in methods:
+            tok_s, same = median(runs[m]), texts["plain"] == texts[m]
+            figures[f"concurrency_{n}"][m] = {"tok_s": tok_s, "ratio": tok_s / plain, "same_text": same}
+            print(f"{n} at a time: plain {plain:.1f} tok/s, {m} {tok_s:.1f} tok/s ({tok_s / plain:.2f}x), "
+                  f"same text: {same}")
+    for m in methods:
+        st = engines[m].llm_engine.spec_stats
+        figures[f"acceptance_{m}"] = {"drafts": st.num_drafts, "draft_tokens": st.num_draft_tokens,
+                                      "accepted": st.num_accepted_tokens, "rate": st.acceptance_rate,
+                                      "per_position": st.accepted_per_pos}
+        print(f"{m}: accepted {st.num_accepted_tokens} of {st.num_draft_tokens} draft tokens "
+              f"({st.acceptance_rate:.0%}); per position {st.accepted_per_pos}")
     return figures
 
 
@@ -79,6 +88,7 @@ def _step_cost(a) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
+    ap.add_argument("--methods", default="ngram", help="comma-separated: ngram, suffix, suffix-nocache")
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--lookup", default="1,3", help="prompt_lookup_min,prompt_lookup_max")
     ap.add_argument("--rounds", type=int, default=3)

@@ -38,8 +38,9 @@ class EngineArgs:
         choices=("fp8", "q8_0", "q4_k", "int8", "int4")))
     speculative_config: Optional[dict] = field(default=None, metadata=_meta(
         'speculative decoding (vLLM\'s speculative_config, JSON on the command line): {"method": "ngram", '
-        '"num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": m}: completions check k '
-        "tokens copied from where the context repeats its last n..m tokens in one step; other methods are refused"))
+        '"num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": m}, {"method": "suffix", '
+        '"num_speculative_tokens": k, "suffix_decoding_*": ...} or {"model": draft, "num_speculative_tokens": k}: '
+        "completions check k guessed tokens in one step; other methods are refused"))
     structured_outputs_backend: str = field(default="auto", metadata=_meta(
         "library that compiles structured outputs (JSON schema, regex, choice, grammar) into token masks: xgrammar, "
         "guidance (llguidance), or auto: xgrammar, and guidance for what xgrammar cannot take (as vLLM)",

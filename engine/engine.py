@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import itertools
 from concurrent import futures
 import sys
@@ -68,7 +69,8 @@ class LLMEngine:
                                              args.enable_prefix_caching,
                                              num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0,
                                              windows=self.runner.windows)
-        self.speculator = Speculator.build(args.speculative_config, self.model, self.runner)
+        self.speculator = Speculator.build(args.speculative_config, self.model, self.runner,
+                                           dataclasses.replace(args, max_model_len=self.max_model_len), self.config)
         self.scheduler = Scheduler(self.kv_manager, max_num_batched_tokens=args.max_num_batched_tokens,
                                    max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,
                                    enable_chunked_prefill=args.enable_chunked_prefill, spec_step_rows=SPEC_STEP_ROWS)

@@ -1,29 +1,30 @@
-"""The engine's speculative decoding: n-gram drafts for the running completions after a step, their check in the
-next one, and each completion's draft length adapted to what it accepted."""
+"""The engine's speculative decoding: drafts (n-gram or suffix) for the running completions after a step, their check
+in the next one, and each completion's draft length adapted to what it accepted."""
 from __future__ import annotations
 
 from typing import Callable, Optional
 
 import numpy as np
 
-from cpu_kernels import ngram
 from engine.sample.sampler import SamplingRow
 from engine.spec_decode.config import SPEC_STEP_ROWS, SpeculativeConfig
 from engine.spec_decode.ngram import NgramProposer
+from engine.spec_decode.suffix import SuffixProposer
 from engine.spec_decode.stats import SpecStats
 from engine.spec_decode.verify import Verified, verify_drafts
 
 
 class Speculator:
-    def __init__(self, cfg: SpeculativeConfig):
+    def __init__(self, cfg: SpeculativeConfig, proposer):
         self.cfg = cfg
-        self.proposer = NgramProposer(cfg)
+        self.proposer = proposer
         self.stats = SpecStats(cfg.num_speculative_tokens)
         self._draft_len: dict[str, int] = {}  # per completion: drafts to propose next, adapted to its acceptance
 
     @classmethod
-    def build(cls, config: Optional[dict], model, runner) -> Optional["Speculator"]:
-        """None without a speculative_config; ValueError for a model it cannot be exact on."""
+    def build(cls, config: Optional[dict], model, runner, args, model_config) -> Optional["Speculator"]:
+        """None without a speculative_config; ValueError for a model it cannot be exact on. args, model_config: the
+        target's (a draft model is loaded as it was)."""
         cfg = SpeculativeConfig.from_dict(config)
         if cfg is None:
             return None
@@ -34,24 +35,34 @@ class Speculator:
         if runner.num_state_slots:
             raise ValueError("speculative decoding is not supported for models with linear-attention layers yet (their "
                              "state cannot take back rejected drafts)")
-        return cls(cfg)
+        if cfg.method == "draft_model":
+            from engine.spec_decode.draft_model import DraftModelProposer
+            return cls(cfg, DraftModelProposer(cfg, args, model_config, min(runner.group_num_blocks)))
+        return cls(cfg, NgramProposer(cfg) if cfg.method == "ngram" else SuffixProposer(cfg))
 
     def warm_up(self) -> None:
-        ngram.warm_up()
+        self.proposer.warm_up()
 
     def propose(self, completions, num_running: int, max_model_len: int) -> None:
         """Drafts for the next step of each (request id, ChildState) that is running; none while the running
         requests alone fill a step's rows (the scheduler would drop them)."""
+        for rid, child in completions:
+            if child.finish_reason is not None:  # now, not when its whole request ends (n > 1 waits for all)
+                self.forget(rid)
+        completions = [(rid, child) for rid, child in completions if child.finish_reason is None]
+        for rid, child in completions:
+            self.proposer.observe(rid, child.request)
         if num_running >= SPEC_STEP_ROWS:
             return
+        items = []
         for rid, child in completions:
-            if child.finish_reason is not None:
-                continue
             req = child.request
             # each accepted draft is an output token, and one more comes after them; all within the context
             room = min(req.max_tokens - req.num_output_tokens - 1, max_model_len - req.num_tokens,
                        self._draft_len.get(rid, self.cfg.num_speculative_tokens))
-            req.spec_token_ids = self.proposer.propose(req.all_token_ids, room)
+            items.append((rid, req, room))
+        for (_, req, _), drafts in zip(items, self.proposer.propose_many(items)):
+            req.spec_token_ids = drafts
 
     def verify(self, s, hidden_rows: np.ndarray, compute_logits: Callable, child, generator, eos_token_ids,
                mask: Callable) -> Verified:
@@ -71,3 +82,4 @@ class Speculator:
 
     def forget(self, rid: str) -> None:
         self._draft_len.pop(rid, None)
+        self.proposer.forget(rid)

@@ -17,6 +17,7 @@ from tests.engine.test_spec_verify import _chi_square_p
 from tests.model.tiny_models import saved_tiny
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+SUFFIX = {"method": "suffix", "num_speculative_tokens": 6}
 REPEAT = ("The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. Please repeat "
           "this sentence exactly three more times: The quick brown fox jumps over the lazy dog.")
 PROMPTS = [REPEAT, "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
@@ -95,12 +96,13 @@ def test_seeded_sampling_takes_drafts_and_is_reproducible(pair):
     assert list(spec.generate([REPEAT], params, use_tqdm=False)[0].outputs[0].token_ids) == list(first.token_ids)
 
 
-def test_sampled_output_is_distributed_as_without_drafts(tmp_path):
+@pytest.mark.parametrize("config", [NGRAM, SUFFIX], ids=["ngram", "suffix"])
+def test_sampled_output_is_distributed_as_without_drafts(config, tmp_path):
     """n completions of a tiny random model whose likely tokens repeat the prompt (a logit bias), with and without
     drafts: how often they go on as the drafts do agrees (two-sample chi-square), and drafts were taken."""
     saved_tiny(tmp_path, "llama")
     kw = dict(model=str(tmp_path), max_model_len=128, kv_cache_memory=0.05, seed=0, max_num_seqs=2)  # rows to draft
-    base, spec = LLM(**kw), LLM(speculative_config=NGRAM, **kw)
+    base, spec = LLM(**kw), LLM(speculative_config=config, **kw)
     prompt = base.get_tokenizer().encode("t5 t6 t7 t5 t6 t7 t5 t6 t7 t5")
     bias = {t: 5.0 for t in set(prompt[-3:])}
     params = SamplingParams(n=500, temperature=1.0, max_tokens=4, ignore_eos=True, logit_bias=bias)
@@ -111,6 +113,32 @@ def test_sampled_output_is_distributed_as_without_drafts(tmp_path):
                                                                use_tqdm=False)[0].outputs) for llm in (base, spec)]
     assert spec.llm_engine.spec_stats.num_accepted_tokens > 100
     assert _chi_square_p(*runs) > 1e-3, runs
+
+
+def test_suffix_drafts_are_exact(pair):
+    base, _ = pair
+    params = SamplingParams(temperature=0, max_tokens=48)
+    spec = LLM(speculative_config=SUFFIX, max_model_len=512, kv_cache_memory=0.25)
+    _same(base.generate(PROMPTS, params, use_tqdm=False), spec.generate(PROMPTS, params, use_tqdm=False))
+    assert spec.llm_engine.spec_stats.num_accepted_tokens > 60
+
+
+def test_suffix_drafts_learn_from_earlier_outputs(tmp_path):
+    """A tiny random model's answer repeats nothing of its prompt; the second time the prompt runs, the tree of
+    recent outputs drafts most of it (not with that tree turned off), and the answer stays the same."""
+    saved_tiny(tmp_path, "llama")
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    accepted = []
+    for cached in (10000, 0):
+        llm = LLM(model=str(tmp_path), max_model_len=256, kv_cache_memory=0.05,
+                  speculative_config={**SUFFIX, "suffix_decoding_max_cached_requests": cached})
+        stats, runs = llm.llm_engine.spec_stats, []
+        for _ in range(2):
+            before = stats.num_accepted_tokens
+            runs.append(llm.generate(["t1 t9 t33 t4"], params, use_tqdm=False))
+            accepted.append(stats.num_accepted_tokens - before)
+        _same(*runs)
+    assert accepted[1] > 25 and max(accepted[0], accepted[2], accepted[3]) < 8, accepted
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -131,7 +159,14 @@ def test_linear_attention_models_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"method": "suffix", "num_speculative_tokens": 4}, "'suffix' is not supported yet"),
+    ({"method": "mtp", "num_speculative_tokens": 4}, "'mtp' is not supported yet"),
+    ({"method": "draft_model", "num_speculative_tokens": 4}, "speculative_config.model .* is required"),
+    ({"model": "/x", "num_speculative_tokens": 4, "draft_tensor_parallel_size": 1}, "for method 'draft_model'"),
+    ({"method": "suffix", "suffix_decoding_max_tree_depth": 0}, "max_tree_depth=0 must be"),
+    ({"method": "suffix", "suffix_decoding_max_cached_requests": -1}, "max_cached_requests=-1 must be"),
+    ({"method": "suffix", "suffix_decoding_max_spec_factor": -0.5}, "max_spec_factor=-0.5 must be"),
+    ({"method": "suffix", "suffix_decoding_min_token_prob": 1.5}, "min_token_prob=1.5 must be"),
+    ({"method": "suffix", "prompt_lookup_max": 3}, "unknown or unsupported key"),
     ({"method": "medusa2", "num_speculative_tokens": 4}, "must be one of ngram"),
     ({"method": "ngram", "num_speculative_tokens": 0, "prompt_lookup_max": 3}, "num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "prompt_lookup_min": 3}, "<="),
@@ -140,6 +175,12 @@ def test_linear_attention_models_are_refused(tmp_path):
 def test_configs_it_cannot_honour_are_refused(config, message):
     with pytest.raises(ValueError, match=message):
         SpeculativeConfig.from_dict(config)
+
+
+def test_suffix_defaults_as_in_vllm():
+    cfg = SpeculativeConfig.from_dict({"method": "suffix"})
+    assert (cfg.num_speculative_tokens, cfg.suffix_decoding_max_tree_depth, cfg.suffix_decoding_max_cached_requests,
+            cfg.suffix_decoding_max_spec_factor, cfg.suffix_decoding_min_token_prob) == (24, 24, 10000, 1.0, 0.1)
 
 
 def test_lookup_bounds_default_as_in_vllm():
