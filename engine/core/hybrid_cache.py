@@ -12,6 +12,10 @@ others: the block pool as in KVCacheManager, plus a StatePool (state_cache.py) b
 - The state at the scheduler's chunk ends is only checkpointed when they fall on a block boundary, as in vLLM: prompts
   sharing a prefix but cut elsewhere hit at the previous checkpoint (the latest boundary the first request's steps
   crossed), not at the longest shared run of blocks.
+- Speculative drafts: a step that checks drafts snapshots the state after the request's own tokens (before the drafts)
+  into a spare slot instead of a checkpoint. All drafts taken: the slot is freed. Some rejected: the state goes back
+  to the snapshot (copied before the next step) and the accepted drafts are computed again in the next step, with
+  the token after them.
 The scheduler reads request.state_slot and request.state_snapshot into its ScheduledRequests (ints, as block ids).
 """
 from __future__ import annotations
@@ -31,6 +35,8 @@ class HybridKVCacheManager(KVCacheManager):
         self._reading: dict[str, int] = {}  # request id -> checkpoint slot copied into it this step (pinned)
         self._snapshot_hash: dict[str, bytes] = {}  # request id -> hash its pending snapshot is published under
         self._copies: list[tuple[int, int]] = []
+        self._rollback: dict[str, int] = {}  # request id -> slot holding its state before this step's drafts
+        self._after_copies: list[int] = []  # rollback slots to free once their copies are handed out
 
     @property
     def num_state_slots(self) -> int:
@@ -94,7 +100,39 @@ class HybridKVCacheManager(KVCacheManager):
     def take_state_copies(self) -> list[tuple[int, int]]:
         """(checkpoint slot, live slot) pairs to copy, in order, before this step's forward pass."""
         out, self._copies = self._copies, []
+        for slot in self._after_copies:  # taken again at the earliest by the next schedule, after the copies ran
+            self.states.release(slot)
+        self._after_copies = []
         return out
+
+    # ---- speculative drafts
+    def hold_drafts(self, request: Request, num_new_tokens: int, num_drafts: int) -> bool:
+        """As KVCacheManager.hold_drafts, and a slot for the state before the drafts (in place of this step's
+        checkpoint, which is given up)."""
+        rid = request.request_id
+        if self.states.num_available < (0 if request.state_snapshot else 1) + 1:
+            return False
+        if KVCacheManager.allocate_slots(self, request, num_new_tokens + num_drafts) is None:  # blocks only
+            return False
+        if request.state_snapshot:
+            self.states.release(request.state_snapshot[1])
+            self._snapshot_hash.pop(rid, None)
+        request.state_snapshot = (num_new_tokens, self.states.take())
+        self._rollback[rid] = request.state_snapshot[1]
+        return True
+
+    def take_back_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        rid = request.request_id
+        slot = self._rollback.pop(rid, None)
+        if slot is None:
+            return super().take_back_drafts(request, num_drafts, num_accepted)
+        request.state_snapshot = ()  # not a checkpoint: cache_blocks publishes nothing of it
+        if num_accepted == num_drafts:
+            self.states.release(slot)
+            return
+        request.num_computed_tokens -= num_drafts  # the accepted drafts run again, from the state before them
+        self._copies.append((slot, request.state_slot))
+        self._after_copies.append(slot)
 
     # ---- after the step, and the end
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -110,13 +148,15 @@ class HybridKVCacheManager(KVCacheManager):
     def free(self, request: Request) -> None:
         super().free(request)
         rid = request.request_id
-        if request.state_slot >= 0:
+        if request.state_slot >= 0:  # a pending rollback into it goes too (its slot is freed with the copies)
+            self._copies = [(src, dst) for src, dst in self._copies if dst != request.state_slot]
             self.states.release(request.state_slot)
             request.state_slot = -1
         if request.state_snapshot:
             self.states.release(request.state_snapshot[1])
             request.state_snapshot = ()
             self._snapshot_hash.pop(rid, None)
+            self._rollback.pop(rid, None)
         self._unpin(self._reading.pop(rid, None))
         self._restore.pop(rid, None)
 

@@ -277,6 +277,15 @@ class KVCacheManager:
             out.append(new_ids)
         return out[0]
 
+    def hold_drafts(self, request: Request, num_new_tokens: int, num_drafts: int) -> bool:
+        """Room for num_drafts speculative tokens after the step's num_new_tokens (already allocated); False, and the
+        drafts do not run, when there is none."""
+        return self.allocate_slots(request, num_new_tokens + num_drafts) is not None
+
+    def take_back_drafts(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        """After the step: the rejected drafts' KV is not the request's (written over later, never cached)."""
+        request.num_computed_tokens -= num_drafts - num_accepted
+
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Publishes the request's full blocks whose KV is computed (the first num_computed_tokens), in every group
         (a sliding group's blocks are published before they can leave its window)."""

@@ -182,8 +182,7 @@ class Scheduler:
         # Then drafts, from what the step has left: never a preemption or a decode's block for a draft.
         for j, spec in drafts:
             req, n, _ = picked[j]
-            if req.status is RequestStatus.RUNNING and len(spec) <= budget \
-                    and self.kv.allocate_slots(req, n + len(spec)) is not None:
+            if req.status is RequestStatus.RUNNING and len(spec) <= budget and self.kv.hold_drafts(req, n, len(spec)):
                 picked[j] = (req, n, spec)
                 budget -= len(spec)
 
@@ -249,7 +248,7 @@ class Scheduler:
                 continue
             if s.spec_token_ids:  # the rejected drafts' KV is not the request's: written over later, never cached
                 accepted = len(sampled.get(s.req_id) or ()) - 1
-                req.num_computed_tokens -= len(s.spec_token_ids) - max(accepted, 0)
+                self.kv.take_back_drafts(req, len(s.spec_token_ids), max(accepted, 0))
             # accepted drafts are appended below: blocks they complete enter the cache at the next step
             self.kv.cache_blocks(req, min(req.num_computed_tokens, req.num_tokens))
             if not s.sample:

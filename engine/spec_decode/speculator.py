@@ -32,9 +32,6 @@ class Speculator:
         if placement is not None and placement.uses_gpu():
             raise ValueError("speculative decoding with layers on a GPU is not supported yet (torch's kernels do not "
                              "give a row the same bits in a k+1-row step as in a decode step)")
-        if runner.num_state_slots:
-            raise ValueError("speculative decoding is not supported for models with linear-attention layers yet (their "
-                             "state cannot take back rejected drafts)")
         if cfg.method == "draft_model":
             from engine.spec_decode.draft_model import DraftModelProposer
             return cls(cfg, DraftModelProposer(cfg, args, model_config, min(runner.group_num_blocks)))

@@ -111,3 +111,33 @@ def test_scheduler_hands_out_copies_and_snapshots():
     out = s.schedule()
     b = next(r for r in out.scheduled if r.req_id == "b")
     assert out.state_copies == ((2, b.state_slot),) and b.start_pos == 8
+
+
+def test_drafts_snapshot_the_state_before_them_and_roll_back_to_it():
+    kv = HybridKVCacheManager(num_blocks=20, block_size=4, num_state_slots=6)
+    a = req("a", range(6))
+    step(kv, a, 6)  # a checkpoint at 4 (slot 2), live slot 1
+    a.append_output_token_ids([7])
+    free_before = kv.states.num_available
+    # a step of 1 token and 3 drafts, crossing the boundary at 8: the snapshot is the rollback's, after 1 row
+    assert kv.allocate_slots(a, 1) is not None and kv.hold_drafts(a, 1, 3)
+    slot = a.state_snapshot[1]
+    assert a.state_snapshot == (1, slot) and slot not in (1, 2) and kv.states.num_available == free_before - 1
+    a.num_computed_tokens += 4
+    kv.take_back_drafts(a, 3, 1)  # one draft taken, then a correction: back to the state after token 6
+    assert a.num_computed_tokens == 7 and a.state_snapshot == ()
+    kv.cache_blocks(a, a.num_computed_tokens)
+    assert kv.states.num_checkpoints == 1  # the rollback state was not published as a checkpoint
+    assert kv.take_state_copies() == [(slot, a.state_slot)] and kv.states.num_available == free_before
+    a.append_output_token_ids([8, 9])  # the accepted draft and the correction run next step
+    assert a.num_tokens - a.num_computed_tokens == 2
+    # all drafts taken: nothing to copy, the slot is free at once
+    assert kv.hold_drafts(a, 2, 2)
+    a.num_computed_tokens += 4
+    kv.take_back_drafts(a, 2, 2)
+    assert a.num_computed_tokens == 11 and kv.take_state_copies() == [] and kv.states.num_available == free_before
+    # freed with a rollback pending: the copy into its live slot goes too
+    assert kv.hold_drafts(a, 1, 2)
+    kv.take_back_drafts(a, 2, 0)
+    kv.free(a)
+    assert kv.take_state_copies() == [] and kv.states.num_available == free_before + 1
