@@ -39,8 +39,9 @@ class EngineArgs:
     speculative_config: Optional[dict] = field(default=None, metadata=_meta(
         'speculative decoding (vLLM\'s speculative_config, JSON on the command line): {"method": "ngram", '
         '"num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": m}, {"method": "suffix", '
-        '"num_speculative_tokens": k, "suffix_decoding_*": ...} or {"model": draft, "num_speculative_tokens": k}: '
-        "completions check k guessed tokens in one step; other methods are refused"))
+        '"num_speculative_tokens": k, "suffix_decoding_*": ...}, {"model": draft, "num_speculative_tokens": k} or '
+        '{"method": "mtp", "num_speculative_tokens": k}: completions check k guessed tokens in one step; other methods '
+        "are refused"))
     structured_outputs_backend: str = field(default="auto", metadata=_meta(
         "library that compiles structured outputs (JSON schema, regex, choice, grammar) into token masks: xgrammar, "
         "guidance (llguidance), or auto: xgrammar, and guidance for what xgrammar cannot take (as vLLM)",

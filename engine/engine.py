@@ -284,8 +284,9 @@ class LLMEngine:
                 parent = self.parents[self._child_parent[s.req_id]]
                 parent.first_scheduled_time = parent.first_scheduled_time or now
                 prompt_lp = child.prompt_logprobs is not None and s.start_pos < child.request.num_prompt_tokens - 1
+                every_row = prompt_lp or s.spec_token_ids or (self.speculator and self.speculator.needs_hidden)
                 chunks.append(SeqChunk(s.token_ids, s.start_pos, s.block_ids,
-                                       "all" if prompt_lp or s.spec_token_ids else ("last" if s.sample else "none"),
+                                       "all" if every_row else ("last" if s.sample else "none"),
                                        state_slot=max(s.state_slot, 0), snapshot=s.state_snapshot,
                                        group_block_ids=s.group_block_ids))
             except Exception as e:
@@ -306,6 +307,8 @@ class LLMEngine:
                 except Exception as e:
                     self._fail(s.req_id, e, failures)
         kept = [(s, h) for s, h in zip(live, hidden) if s.req_id in self.children]
+        if kept and self.speculator is not None and self.speculator.needs_hidden:  # MTP drafts from every row
+            self.speculator.observe_hidden([s for s, _ in kept], [h for _, h in kept])
         ended: list[str] = []  # completions whose grammar accepts nothing more
         sampled = self._sample([s for s, _ in kept], [h for _, h in kept], failures, ended)
         if sampled and fused_compile.pending():

@@ -47,6 +47,10 @@ LAYER_MAP = {
     "mlp.shared_experts.down_proj": "ffn_down_shexp",
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    # an MTP layer's own tensors (DeepSeek-V3's names, which GLM-4.5 and Qwen3.5's renamed mtp.* share)
+    "eh_proj": "nextn.eh_proj", "enorm": "nextn.enorm", "hnorm": "nextn.hnorm",
+    "shared_head.norm": "nextn.shared_head_norm", "shared_head.head": "nextn.shared_head_head",
+    "embed_tokens": "nextn.embed_tokens",
 }
 # Per-layer HF tensors whose names end otherwise (DeepSeek's routing bias, gpt-oss's sinks), mapped whole; an
 # architecture adds its own (Architecture.hf_special_map).

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-METHODS = ("ngram", "suffix", "draft_model")
-LATER = ("mtp", "eagle", "eagle3", "medusa")  # vLLM's other methods: not built yet
+METHODS = ("ngram", "suffix", "draft_model", "mtp")
+LATER = ("eagle", "eagle3", "medusa")  # vLLM's other methods: not built yet
 MAX_SPECULATIVE_TOKENS = 64
 # Rows a decode step may hold, decodes and drafts together: the interleaved GEMV kernels share each weight load among
 # rows, but past a handful a 2-core step is compute-bound and its cost grows with every row (bench.speculative
@@ -38,15 +38,16 @@ class SpeculativeConfig:
             raise ValueError("speculative_config must be a JSON object")
         d = dict(d)
         method = d.pop("method", None)
-        if method is None:  # as vLLM guesses it
-            method = "draft_model" if d.get("model") else "ngram" if {"prompt_lookup_max", "prompt_lookup_min"} & d.keys() \
-                else None
+        if method is None and d.get("model"):  # as vLLM guesses it
+            method = "draft_model"
+        elif method is None and {"prompt_lookup_max", "prompt_lookup_min"} & d.keys():
+            method = "ngram"
         if method in LATER:
             raise ValueError(f"speculative_config.method {method!r} is not supported yet (supported: "
                              f"{', '.join(METHODS)})")
         if method not in METHODS:
             raise ValueError(f"speculative_config.method must be one of {', '.join(METHODS)}, got {method!r}")
-        return {"ngram": cls._ngram, "suffix": cls._suffix, "draft_model": cls._draft_model}[method](d)
+        return {"ngram": cls._ngram, "suffix": cls._suffix, "draft_model": cls._draft_model, "mtp": cls._mtp}[method](d)
 
     @classmethod
     def _ngram(cls, d: dict) -> "SpeculativeConfig":
@@ -86,12 +87,21 @@ class SpeculativeConfig:
 
     @classmethod
     def _draft_model(cls, d: dict) -> "SpeculativeConfig":
-        model, quantization, k = d.pop("model", None), d.pop("quantization", None), d.pop("num_speculative_tokens", None)
+        model, quantization = d.pop("model", None), d.pop("quantization", None)
+        k = d.pop("num_speculative_tokens", None)
         _no_more(d, "draft_model")
         if not isinstance(model, str) or not model:
             raise ValueError("speculative_config.model (the draft model's path) is required for method 'draft_model'")
         _check_k(k)
         return cls("draft_model", k, model=model, quantization=quantization)
+
+
+    @classmethod
+    def _mtp(cls, d: dict) -> "SpeculativeConfig":
+        k = d.pop("num_speculative_tokens", 1)  # vLLM: the checkpoint's MTP layers (one in these families)
+        _no_more(d, "mtp")
+        _check_k(k)
+        return cls("mtp", k)
 
 
 def _is_int(v) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.spec_decode.config import SpeculativeConfig
+from engine.spec_decode.own_blocks import OwnBlocks
 from engine.spec_decode.proposer import Proposer
 from engine.worker.runner import SeqChunk
 
@@ -34,8 +35,8 @@ class DraftModelProposer(Proposer):
         self.runner = ModelRunner(loaded.model, min(loaded.num_blocks), target_args.block_size,
                                   target_args.kv_cache_dtype)  # one block table serves every cache group
         self.block_size = self.runner.block_size
-        self._free = list(range(self.runner.num_blocks - 1, 0, -1))  # block 0 is the null block
-        self._seqs: dict = {}  # request id -> (its draft blocks, the tokens whose KV they hold)
+        self.blocks = OwnBlocks(self.runner.num_blocks, self.block_size)
+        self._seen: dict = {}  # request id -> the tokens whose KV its draft blocks hold
 
     def warm_up(self) -> None:
         n = min(8, (self.runner.num_blocks - 1) * self.block_size - 1)
@@ -53,10 +54,10 @@ class DraftModelProposer(Proposer):
         for i, (rid, req, limit) in enumerate(items):
             want = min(self.k, limit)
             tokens = list(req.all_token_ids)
-            if want <= 0 or not self._reserve(rid, len(tokens) + want - 1):
+            blocks = self.blocks.reserve(rid, len(tokens) + want - 1) if want > 0 else None
+            if blocks is None:
                 continue
-            blocks, seen = self._seqs[rid]
-            start = _common_prefix(seen, tokens, len(tokens) - 1)  # the last token's row gives the first draft
+            start = _common_prefix(self._seen.get(rid, ()), tokens, len(tokens) - 1)  # the last token's row: draft 1
             chunks.append(SeqChunk(tuple(tokens[start:]), start, tuple(blocks), "last"))
             live.append((i, tokens, want))
         for step in range(self.k):
@@ -67,7 +68,7 @@ class DraftModelProposer(Proposer):
             for (i, tokens, want), c, row in zip(live, chunks, rows):
                 t = int(np.argmax(row))
                 out[i].append(t)
-                self._seqs[items[i][0]] = (self._seqs[items[i][0]][0], tokens + out[i][:-1])
+                self._seen[items[i][0]] = tokens + out[i][:-1]
                 if len(out[i]) < want:
                     next_chunks.append(SeqChunk((t,), c.start + len(c.token_ids), c.block_ids, "last"))
                     next_live.append((i, tokens, want))
@@ -75,19 +76,8 @@ class DraftModelProposer(Proposer):
         return out
 
     def forget(self, rid) -> None:
-        seq = self._seqs.pop(rid, None)
-        if seq is not None:
-            self._free.extend(seq[0])
-
-    def _reserve(self, rid, num_tokens: int) -> bool:
-        """Blocks for num_tokens positions of request rid; False (and nothing taken) when the pool lacks them."""
-        blocks, seen = self._seqs.get(rid) or ([], [])
-        need = -(-num_tokens // self.block_size) - len(blocks)
-        if need > len(self._free):
-            return False
-        blocks = blocks + [self._free.pop() for _ in range(max(need, 0))]
-        self._seqs[rid] = (blocks, seen)
-        return True
+        self.blocks.release(rid)
+        self._seen.pop(rid, None)
 
 
 def _common_prefix(a, b, limit: int) -> int:

@@ -35,10 +35,23 @@ class Speculator:
         if cfg.method == "draft_model":
             from engine.spec_decode.draft_model import DraftModelProposer
             return cls(cfg, DraftModelProposer(cfg, args, model_config, min(runner.group_num_blocks)))
+        if cfg.method == "mtp":
+            from engine.spec_decode.mtp import MtpProposer
+            return cls(cfg, MtpProposer(cfg, model, runner.num_blocks, runner.block_size, args.kv_cache_dtype))
         return cls(cfg, NgramProposer(cfg) if cfg.method == "ngram" else SuffixProposer(cfg))
 
     def warm_up(self) -> None:
         self.proposer.warm_up()
+
+    @property
+    def needs_hidden(self) -> bool:
+        """The engine hands every position's hidden row to observe_hidden (MTP reads them)."""
+        return self.proposer.needs_hidden()
+
+    def observe_hidden(self, scheduled, hidden) -> None:
+        for s, h in zip(scheduled, hidden):
+            if h is not None:
+                self.proposer.observe_hidden(s.req_id, s.start_pos, h)
 
     def propose(self, completions, num_running: int, max_model_len: int) -> None:
         """Drafts for the next step of each (request id, ChildState) that is running; none while the running
@@ -70,7 +83,8 @@ class Speculator:
         req = child.request
         row = SamplingRow(child.params, None, req.prompt_token_ids, req.output_token_ids)
         v = verify_drafts(logits, s.spec_token_ids, row, eos_token_ids, generator, child.grammar, mask)
-        accepted = next((i for i, (t, d) in enumerate(zip(v.tokens, s.spec_token_ids)) if t != d), min(len(v.tokens), k))
+        accepted = next((i for i, (t, d) in enumerate(zip(v.tokens, s.spec_token_ids)) if t != d),
+                        min(len(v.tokens), k))
         self.stats.record(k, accepted)
         # all taken: one more next time; else as many as were taken and one (rows of rejected drafts cost a step)
         grown = max(k, self._draft_len.get(s.req_id, 0)) + 1  # k may have been cut by the row budget or the match

@@ -54,7 +54,8 @@ def test_greedy_output_is_the_same_token_for_token(target_and_draft):
     assert st.num_accepted_tokens > 40 and st.num_accepted_tokens < st.num_draft_tokens  # agrees often, not always
     for p, w in zip(prompts, want):  # alone, after the batch (the draft's blocks were all given back)
         assert _tokens(spec.generate([p], params, use_tqdm=False)) == [w]
-    assert len(spec.llm_engine.speculator.proposer._free) == spec.llm_engine.speculator.proposer.runner.num_blocks - 1
+    blocks = spec.llm_engine.speculator.proposer.blocks
+    assert blocks.num_free == blocks.num_blocks - 1
 
 
 def test_sampled_output_is_distributed_as_without_drafts(target_and_draft):

@@ -171,7 +171,8 @@ def test_linear_attention_models_match(config, tmp_path):
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"method": "mtp", "num_speculative_tokens": 4}, "'mtp' is not supported yet"),
+    ({"method": "eagle", "num_speculative_tokens": 4}, "'eagle' is not supported yet"),
+    ({"method": "mtp", "num_speculative_tokens": 2, "model": "x"}, "for method 'mtp'"),
     ({"method": "draft_model", "num_speculative_tokens": 4}, "speculative_config.model .* is required"),
     ({"model": "/x", "num_speculative_tokens": 4, "draft_tensor_parallel_size": 1}, "for method 'draft_model'"),
     ({"method": "suffix", "suffix_decoding_max_tree_depth": 0}, "max_tree_depth=0 must be"),

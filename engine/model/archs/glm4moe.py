@@ -1,6 +1,6 @@
 """GLM-4.5 / 4.6 / Air (glm4moe): pre-norm blocks with partial NeoX RoPE (half the head), optional QK-norm and qkv
 biases; the first layers dense, the rest sigmoid-routed MoE with DeepSeek's correction bias and a shared expert.
-The MTP layer the checkpoints carry after the main ones is kept in the file, not run."""
+The MTP layer the checkpoints carry after the main ones is kept; speculative decoding's "mtp" method runs it."""
 from __future__ import annotations
 
 from engine.model.architecture import Architecture

@@ -9,7 +9,8 @@ Conventions (GGUF's, which HF folders are converted to at load as llama.cpp's co
 - RMSNorm weights hold 1 + w (HF stores w), except the DeltaNet's gated norm (ssm_norm), plain in both;
 - ssm_a = -exp(A_log); ssm_conv1d is (C, K).
 HF checkpoints nesting text_config (qwen3_5, qwen3_5_moe) load their text model; the vision tower is skipped (hf.py
-logs what). The MTP layer (mtp.*, GGUF blk.{L}.nextn.*) is kept in the file and counted in nextn_layers, not run.
+logs what). The MTP layer (mtp.*, GGUF blk.{L}.nextn.*) is counted in nextn_layers; speculative decoding's "mtp"
+method runs it (engine/spec_decode/mtp.py).
 M-RoPE reduces to 1-D RoPE for text (all three position axes equal), so its sections are only written to GGUF.
 """
 from __future__ import annotations
@@ -38,8 +39,6 @@ class Qwen35(Architecture):
         "linear_attn.in_proj_qkv": "attn_qkv", "linear_attn.in_proj_z": "attn_gate",
         "linear_attn.in_proj_b": "ssm_beta", "linear_attn.in_proj_a": "ssm_alpha",
         "linear_attn.conv1d": "ssm_conv1d", "linear_attn.norm": "ssm_norm", "linear_attn.out_proj": "ssm_out",
-        "eh_proj": "nextn.eh_proj", "enorm": "nextn.enorm", "hnorm": "nextn.hnorm",
-        "shared_head.norm": "nextn.shared_head_norm",
     }
     hf_special_map = {"linear_attn.A_log": "ssm_a", "linear_attn.dt_bias": "ssm_dt.bias"}
 
