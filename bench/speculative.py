@@ -4,7 +4,12 @@ outputs, which learns the set's answers over the rounds) against the same engine
 verification step (q = 1..8) against a 1-row decode step at a given context depth:
 
     python -m bench.speculative [--model M] [--methods ngram,suffix,suffix-nocache] [--k 4] [--lookup 1,3]
-                                [--rounds 3] [--gen-tokens 128]
+                                [--rounds 3] [--gen-tokens 128] [--llamacpp]
+
+--llamacpp adds llama.cpp on the same GGUF and the same prompt tokens, one request at a time, without and with its
+prompt-lookup speculative decoding (llama-cpp-python's LlamaPromptLookupDecoding, num_pred_tokens k,
+max_ngram_size the lookup's upper bound; the llama-server binary with its n-gram draft types is not installed here),
+each round in a fresh worker process while ramlm waits (the build: `python -m bench.compare --help`).
     python -m bench.speculative --step-cost [--model M] [--depth 512]
 """
 from __future__ import annotations
@@ -52,6 +57,23 @@ def _gain(a) -> dict:
             figures[f"concurrency_{n}"][m] = {"tok_s": tok_s, "ratio": tok_s / plain, "same_text": same}
             print(f"{n} at a time: plain {plain:.1f} tok/s, {m} {tok_s:.1f} tok/s ({tok_s / plain:.2f}x), "
                   f"same text: {same}")
+    if a.llamacpp:  # the same prompt tokens (the chat template rendered by ramlm), one at a time
+        from engine.default_model import default_model_path
+        a.model = a.model or default_model_path()
+        tok = engines["plain"].get_tokenizer()
+        prompt_ids = [tok.encode(tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False),
+                                 add_special_tokens=False) for c in chats]
+        rounds = [_llamacpp_round(a, prompt_ids) for _ in range(a.rounds)]
+        plain, lookup = median([r["plain"] for r in rounds]), median([r["lookup"] for r in rounds])
+        same = rounds[0]["texts"]["plain"] == rounds[0]["texts"]["lookup"]
+        figures["llamacpp_1"] = {"plain_tok_s": plain, "lookup_tok_s": lookup, "ratio": lookup / plain,
+                                 "same_tokens": same, "runs": rounds}
+        ours = figures["concurrency_1"]
+        print(f"llama.cpp 1 at a time: plain {plain:.1f} tok/s, prompt lookup {lookup:.1f} tok/s "
+              f"({lookup / plain:.2f}x), same tokens: {same}")
+        for m in methods:
+            print(f"  ramlm {m} / llama.cpp prompt lookup: {ours[m]['tok_s'] / lookup:.2f}x; "
+                  f"ramlm plain / llama.cpp plain: {ours['plain_tok_s'] / plain:.2f}x")
     for m in methods:
         st = engines[m].llm_engine.spec_stats
         figures[f"acceptance_{m}"] = {"drafts": st.num_drafts, "draft_tokens": st.num_draft_tokens,
@@ -60,6 +82,48 @@ def _gain(a) -> dict:
         print(f"{m}: accepted {st.num_accepted_tokens} of {st.num_draft_tokens} draft tokens "
               f"({st.acceptance_rate:.0%}); per position {st.accepted_per_pos}")
     return figures
+
+
+def _llamacpp_worker(a) -> None:
+    """Prints {"plain": tok/s, "lookup": tok/s, "texts": {...}} of llama.cpp over the prompts in a.worker_prompts."""
+    import json
+
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    prompts = json.loads(open(a.worker_prompts).read())
+    hi = int(a.lookup.split(",")[1])
+    out = {"texts": {}}
+    for mode in ("plain", "lookup"):
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=a.k, max_ngram_size=hi) if mode == "lookup" else None
+        llm = Llama(model_path=a.model, n_threads=2, n_threads_batch=2, n_ctx=2048, n_batch=512, verbose=False,
+                    draft_model=draft)
+        tokens, seconds, texts = 0, 0.0, []
+        for ids in prompts:
+            got, t0 = [], time.perf_counter()
+            for t in llm.generate(ids, top_k=1, temp=0.0, reset=True):
+                if t == llm.token_eos() or len(got) == a.gen_tokens:
+                    break
+                got.append(t)
+            seconds += time.perf_counter() - t0
+            tokens += len(got)
+            texts.append(got)
+        out[mode], out["texts"][mode] = tokens / seconds, texts
+    print(json.dumps(out))
+
+
+def _llamacpp_round(a, prompt_ids) -> dict:
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(prompt_ids, f)
+    cmd = [sys.executable, "-m", "bench.speculative", "--llamacpp-worker", f.name, "--model", a.model, "--k",
+           str(a.k), "--lookup", a.lookup, "--gen-tokens", str(a.gen_tokens)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama.cpp worker failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _step_cost(a) -> dict:
@@ -97,7 +161,12 @@ def main(argv=None) -> None:
     ap.add_argument("--step-cost", action="store_true", help="measure q-row verification steps instead")
     ap.add_argument("--depth", type=int, default=512)
     ap.add_argument("--kv-gib", type=float, default=1.0)
+    ap.add_argument("--llamacpp", action="store_true", help="also llama.cpp with and without prompt lookup")
+    ap.add_argument("--llamacpp-worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.llamacpp_worker:
+        a.worker_prompts = a.llamacpp_worker
+        return _llamacpp_worker(a)
     figures = _step_cost(a) if a.step_cost else _gain(a)
     print(f"wrote {write_result('speculative-step' if a.step_cost else 'speculative', figures, vars(a))}")
 

@@ -88,28 +88,31 @@ class MtpProposer(Proposer):
     def propose_many(self, items) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in items]
         chunks, hs, live = [], [], []
-        for i, (rid, req, limit) in enumerate(items):
-            want = min(self.k, limit)
+        for i, (rid, req, limit) in enumerate(items):  # limit 0: the layer still runs the new positions
+            want = max(min(self.k, limit), 0)
             tokens = req.all_token_ids
             rows = self._rows.get(rid, {})
-            done = self._done.get(rid, 0)
-            todo = [p for p in range(done, len(tokens) - 1) if p in rows]  # a prefix-cache hit left no rows before
-            blocks = self.blocks.reserve(rid, len(tokens) + want - 1) if want > 0 and todo else None
+            todo = [p for p in range(self._done.get(rid, 0), len(tokens) - 1) if p in rows]  # (none before a hit)
+            while todo and todo[-1] - todo[0] != len(todo) - 1:  # one run of positions: the trailing one
+                todo = todo[1:]
+            blocks = self.blocks.reserve(rid, len(tokens) + max(want, 1) - 1) if todo else None
             if blocks is None:
-                continue
-            if todo[-1] != len(tokens) - 2:  # the last position's row is missing: nothing to draft from
                 continue
             chunks.append(_chunk(tuple(tokens[p + 1] for p in todo), todo[0], blocks))
             hs.append(np.stack([rows.pop(p) for p in todo]))
             self._done[rid] = len(tokens) - 1
-            live.append((i, want))
+            live.append((i, want if todo[-1] == len(tokens) - 2 else 0))  # drafts need the last position's row
         for _ in range(self.k):
             if not chunks:
                 break
             last = self._run(chunks, hs)
-            drafts = np.argmax(self.layer.logits(last), axis=1)
+            wanted = [j for j, (_, want) in enumerate(live) if want]
+            drafts = dict(zip(wanted, np.argmax(self.layer.logits(last[wanted]), axis=1))) if wanted else {}
             next_chunks, next_hs, next_live = [], [], []
-            for (i, want), c, row, d in zip(live, chunks, last, drafts):
+            for j, ((i, want), c, row) in enumerate(zip(live, chunks, last)):
+                if not want:
+                    continue
+                d = drafts[j]
                 out[i].append(int(d))
                 if len(out[i]) < want:  # the next position: the draft as its token, this output as its h
                     next_chunks.append(_chunk((int(d),), c.start + len(c.token_ids), c.block_ids))

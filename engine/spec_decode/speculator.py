@@ -1,5 +1,6 @@
-"""The engine's speculative decoding: drafts (n-gram or suffix) for the running completions after a step, their check
-in the next one, and each completion's draft length adapted to what it accepted."""
+"""The engine's speculative decoding: drafts (n-gram, suffix, a draft model's or an MTP layer's) for the running
+completions after a step, their check in the next one, and each completion's draft length adapted to what it
+accepted."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -62,15 +63,14 @@ class Speculator:
         completions = [(rid, child) for rid, child in completions if child.finish_reason is None]
         for rid, child in completions:
             self.proposer.observe(rid, child.request)
-        if num_running >= SPEC_STEP_ROWS:
-            return
+        full = num_running >= SPEC_STEP_ROWS  # no drafts: proposers that keep a cache still take the new tokens
         items = []
         for rid, child in completions:
             req = child.request
             # each accepted draft is an output token, and one more comes after them; all within the context
             room = min(req.max_tokens - req.num_output_tokens - 1, max_model_len - req.num_tokens,
                        self._draft_len.get(rid, self.cfg.num_speculative_tokens))
-            items.append((rid, req, room))
+            items.append((rid, req, 0 if full else room))
         for (_, req, _), drafts in zip(items, self.proposer.propose_many(items)):
             req.spec_token_ids = drafts
 

@@ -152,3 +152,17 @@ def test_a_model_without_an_mtp_layer_is_refused(tmp_path):
     save_tiny_tokenizer(tmp_path)
     with pytest.raises(ValueError, match="no MTP layer"):
         LLM(model=str(tmp_path), max_model_len=128, kv_cache_memory=0.05, speculative_config={"method": "mtp"})
+
+
+def test_a_full_step_of_requests_still_feeds_the_layer(with_mtp):
+    """With 8 or more requests decoding, no drafts run, but the layer takes every new position (drafts resume once
+    requests finish, from a cache that is whole)."""
+    folder, ref = with_mtp
+    kw = dict(model=folder, max_model_len=256, kv_cache_memory=0.05, kv_cache_dtype="fp32", dtype="float32")
+    prompts = [{"prompt_token_ids": PROMPT[i:i + 12]} for i in range(10)]
+    params = [SamplingParams(temperature=0, max_tokens=8 + 3 * i, ignore_eos=True) for i in range(10)]
+    want = [list(o.outputs[0].token_ids) for o in LLM(**kw).generate(prompts, params, use_tqdm=False)]
+    spec = LLM(speculative_config={"method": "mtp", "num_speculative_tokens": 2}, **kw)
+    assert [list(o.outputs[0].token_ids) for o in spec.generate(prompts, params, use_tqdm=False)] == want
+    assert spec.llm_engine.spec_stats.num_draft_tokens > 0
+    assert not spec.llm_engine.speculator.proposer._rows  # every kept row was used (or freed with its request)
