@@ -42,6 +42,13 @@ class EngineArgs:
         '"num_speculative_tokens": k, "suffix_decoding_*": ...}, {"model": draft, "num_speculative_tokens": k} or '
         '{"method": "mtp", "num_speculative_tokens": k}: completions check k guessed tokens in one step; other methods '
         "are refused"))
+    runner: str = field(default="auto", metadata=_meta(
+        "what the model serves (vLLM's runner): generate (text), pooling (embeddings from its final hidden states: "
+        "LLM.embed, /v1/embeddings), or auto: generate", choices=("auto", "generate", "pooling")))
+    pooler_config: Optional[dict] = field(default=None, metadata=_meta(
+        'a pooling model\'s pooler (vLLM\'s pooler_config, JSON on the command line): {"pooling_type": "LAST" | '
+        '"MEAN" | "CLS", "normalize": true | false}; default: the folder\'s sentence-transformers files, else LAST, '
+        "normalized"))
     structured_outputs_backend: str = field(default="auto", metadata=_meta(
         "library that compiles structured outputs (JSON schema, regex, choice, grammar) into token masks: xgrammar, "
         "guidance (llguidance), or auto: xgrammar, and guidance for what xgrammar cannot take (as vLLM)",

@@ -23,6 +23,9 @@ from engine.outputs import RequestOutput
 from engine.req_state import ChildState, ParentState
 from engine.core.request import Request
 from engine.worker.runner import ModelRunner, SeqChunk
+from engine.pooling.config import PoolerConfig
+from engine.pooling.params import PoolingParams
+from engine.pooling.pooler import PoolingState
 from engine.sample.sampler import Sampler, SamplingRow, prompt_logprobs_for
 from engine.sample.sampling import SamplingParams
 from engine.core.scheduler import Scheduler
@@ -69,6 +72,9 @@ class LLMEngine:
                                              args.enable_prefix_caching,
                                              num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0,
                                              windows=self.runner.windows)
+        if args.pooler_config is not None and args.runner != "pooling":
+            raise ValueError("pooler_config is for pooling models: give runner='pooling' too")
+        self.pooler = PoolerConfig.for_model(self.model_path, args.pooler_config) if args.runner == "pooling" else None
         self.speculator = Speculator.build(args.speculative_config, self.model, self.runner,
                                            dataclasses.replace(args, max_model_len=self.max_model_len), self.config)
         self.scheduler = Scheduler(self.kv_manager, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -128,7 +134,10 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self.encode_prompt(prompt)
         self.validate_request(ids, params)
-        parent = ParentState(request_id, text, ids, params)
+        pooling = params if isinstance(params, PoolingParams) else None
+        if pooling is not None:  # one completion that runs its prompt and samples nothing
+            params = SamplingParams(temperature=0, max_tokens=1, detokenize=False)
+        parent = ParentState(request_id, text, ids, params, pooling_params=pooling)
         so = params.structured_outputs
         if so is not None:
             backend, fut = self.structured.check(so), self.structured.compile(so)
@@ -163,9 +172,32 @@ class LLMEngine:
 
         Reads only what never changes after load, so callers on other threads (the server) may use it.
         """
+        if isinstance(params, PoolingParams) or self.pooler is not None:
+            return self._validate_pooling(prompt_token_ids, params)
         request_checks.validate_request(prompt_token_ids, params, self.config.vocab_size, self.max_model_len)
         if params.structured_outputs is not None:
             self.structured.check(params.structured_outputs)  # the backend's own checks: ValueError naming them
+
+    def _validate_pooling(self, prompt_token_ids: list[int], params) -> None:
+        """validate_request for a pooling model or request: one kind needs the other."""
+        if self.pooler is None:
+            raise ValueError("this model serves generation: embeddings need a pooling model (runner='pooling')")
+        if not isinstance(params, PoolingParams):
+            raise ValueError("this model runs as a pooling model (runner='pooling'): it serves embeddings "
+                             "(LLM.embed, /v1/embeddings), not generation")
+        d = params.dimensions
+        if d is not None:
+            if not self.pooler.matryoshka:
+                raise ValueError(f'Model "{self.model_path}" does not support matryoshka representation, changing '
+                                 f"output dimensions will lead to poor results.")
+            if d > self.config.hidden_size:
+                raise ValueError(f"dimensions {d} is more than the model's hidden size ({self.config.hidden_size})")
+            if self.pooler.matryoshka_dimensions and d not in self.pooler.matryoshka_dimensions:
+                raise ValueError(f"dimensions {d} is not one of the model's matryoshka_dimensions "
+                                 f"{list(self.pooler.matryoshka_dimensions)}")
+        # the pool runs the prompt as a one-token request (it samples nothing): the same length and id checks
+        request_checks.validate_request(prompt_token_ids, SamplingParams(max_tokens=1), self.config.vocab_size,
+                                        self.max_model_len)
 
     def _make_child(self, parent: ParentState, index: int, with_grammar: bool = True) -> ChildState:
         """Completion `index` of a request, built whole (everything that can fail) but not yet scheduled."""
@@ -180,12 +212,15 @@ class LLMEngine:
         child_id = parent.request_id if params.n == 1 else f"{index}_{parent.request_id}"
         ids = parent.prompt_token_ids
         req = Request(child_id, ids, child_params, eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len)
+        pooling = PoolingState(self.pooler, parent.pooling_params) if parent.pooling_params is not None else None
+        if pooling is not None and pooling.type != "LAST":  # every position's row is pooled: none may be cached
+            req.skip_prefix_cache = True
         return ChildState(req, child_params, index, IncrementalDetokenizer(self.tokenizer, child_params, ids),
                           child_params.make_generator(),
                           logprobs=[] if child_params.logprobs is not None else None,
                           prompt_logprobs=[] if child_params.prompt_logprobs is not None else None,
                           grammar=self.structured.matcher(*parent.grammar, parent.params.structured_outputs)
-                          if with_grammar and parent.grammar else None)
+                          if with_grammar and parent.grammar else None, pooling=pooling)
 
     def _admit(self, parent: ParentState, child: ChildState) -> None:
         child_id = child.request_id
@@ -284,7 +319,8 @@ class LLMEngine:
                 parent = self.parents[self._child_parent[s.req_id]]
                 parent.first_scheduled_time = parent.first_scheduled_time or now
                 prompt_lp = child.prompt_logprobs is not None and s.start_pos < child.request.num_prompt_tokens - 1
-                every_row = prompt_lp or s.spec_token_ids or (self.speculator and self.speculator.needs_hidden)
+                every_row = prompt_lp or s.spec_token_ids or child.pooling is not None or (
+                    self.speculator and self.speculator.needs_hidden)
                 chunks.append(SeqChunk(s.token_ids, s.start_pos, s.block_ids,
                                        "all" if every_row else ("last" if s.sample else "none"),
                                        state_slot=max(s.state_slot, 0), snapshot=s.state_snapshot,
@@ -307,6 +343,9 @@ class LLMEngine:
                 except Exception as e:
                     self._fail(s.req_id, e, failures)
         kept = [(s, h) for s, h in zip(live, hidden) if s.req_id in self.children]
+        pooling = [(s, h) for s, h in kept if self.children[s.req_id].pooling is not None]
+        kept = [(s, h) for s, h in kept if self.children[s.req_id].pooling is None]
+        pooled = self._pool(pooling, failures)
         if kept and self.speculator is not None and self.speculator.needs_hidden:  # MTP drafts from every row
             self.speculator.observe_hidden([s for s, _ in kept], [h for _, h in kept])
         ended: list[str] = []  # completions whose grammar accepts nothing more
@@ -314,7 +353,8 @@ class LLMEngine:
         if sampled and fused_compile.pending():
             fused_compile.start_pending()  # after a first token, not before it (fused_compile's docstring)
         self.num_prompt_tokens += sum(s.num_tokens for s in so.scheduled if s.req_id in self.children and (
-            not s.sample or s.start_pos + len(s.token_ids) <= self.children[s.req_id].request.num_prompt_tokens))
+            not s.sample or s.req_id in pooled  # (a pooled request, released already, ran only prompt tokens)
+            or s.start_pos + len(s.token_ids) <= self.children[s.req_id].request.num_prompt_tokens))
         before = {rid: self.children[rid].request.num_output_tokens for rid in sampled if len(sampled[rid]) > 1}
         finished = {req.request_id: reason for req, reason in self.scheduler.update_from_output(so, sampled)}
         touched: dict[str, None] = {}
@@ -330,6 +370,8 @@ class LLMEngine:
             except Exception as e:
                 self._fail(rid, e, failures)
                 continue
+            touched[self._child_parent[rid]] = None
+        for rid in pooled:  # its prompt has run: its vector is its output
             touched[self._child_parent[rid]] = None
         for rid in ended:  # finished in the scheduler by _sample
             child = self.children.get(rid)
@@ -396,6 +438,24 @@ class LLMEngine:
             self.kv_tier.swap_out(*zip(*so.blocks_to_swap_out))
         if so.blocks_to_swap_in:
             self.kv_tier.swap_in([h for _, h in so.blocks_to_swap_in], [d for d, _ in so.blocks_to_swap_in])
+
+    def _pool(self, kept, failures: dict[str, BaseException]) -> list[str]:
+        """Adds each pooling request's rows to its pool; those whose prompt has run get their vector and finish
+        (before update_from_output, which would want a token). Returns their ids."""
+        done = []
+        for s, h in kept:
+            c = self.children[s.req_id]
+            try:
+                c.pooling.add(s.start_pos, self.model.final_norm(np.ascontiguousarray(h, dtype=np.float32)))
+                if s.sample:
+                    c.embedding = c.pooling.result()
+                    self.scheduler.finish_requests(s.req_id, "stop")
+                    c.finish_reason = "stop"
+                    c.release()
+                    done.append(s.req_id)
+            except Exception as e:
+                self._fail(s.req_id, e, failures)
+        return done
 
     def _prompt_logprobs(self, child: ChildState, start: int, hidden_rows: np.ndarray) -> None:
         prompt = child.request.prompt_token_ids
@@ -507,7 +567,7 @@ class LLMEngine:
         finished = parent.finished
         out = RequestOutput(parent.request_id, parent.prompt, list(parent.prompt_token_ids), prompt_lp,
                             outputs, finished, metrics=parent.metrics(),
-                            num_cached_tokens=c0.cached_tokens)
+                            num_cached_tokens=c0.cached_tokens, pooled=c0.embedding)
         if finished:
             del self.parents[parent_id]
             for c in parent.children:

@@ -7,7 +7,7 @@ keyword in practice, and its positional order has changed between releases).
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 
 @dataclass
@@ -92,6 +92,7 @@ class RequestOutput:
     encoder_prompt: Optional[str] = None
     encoder_prompt_token_ids: Optional[list[int]] = None
     kv_transfer_params: Optional[dict] = field(default=None, repr=False)
+    pooled: Optional[Any] = field(default=None, repr=False)  # a pooling request's vector (np.ndarray float32)
 
     def add(self, next_output: "RequestOutput", aggregate: bool) -> None:
         """Merge a later output of the same request into this one (as vLLM does for n > 1 streams).
@@ -124,3 +125,37 @@ class RequestOutput:
                 break
             else:
                 self.outputs.append(next_completion)
+
+
+@dataclass
+class EmbeddingOutput:
+    """vLLM's: one embedding."""
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """vLLM's: what LLM.embed returns per prompt."""
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+
+@dataclass
+class PoolingOutput:
+    """vLLM's: the pooled data (a torch tensor, as vLLM's)."""
+    data: Any
+
+
+@dataclass
+class PoolingRequestOutput:
+    """vLLM's: what LLM.encode returns per prompt."""
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

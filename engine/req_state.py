@@ -32,6 +32,8 @@ class ChildState:
     stop_reason: object = None
     final: Optional[CompletionOutput] = None  # set by release()
     grammar: Optional[Any] = None  # structured outputs: the completion's matcher (engine/structured/backends.py)
+    pooling: Optional[Any] = None  # a pooling request's running pool (engine/pooling/pooler.py)
+    embedding: Optional[np.ndarray] = None  # ... and the vector it ended with
     request_id: str = field(init=False)
     num_cached_tokens: int = field(init=False, default=0)  # kept from the Request at release
 
@@ -51,7 +53,7 @@ class ChildState:
         """A finished completion keeps its output only."""
         self.final = self.completion()
         self.num_cached_tokens = self.request.num_cached_tokens
-        self.request = self.detok = self.generator = self.grammar = None
+        self.request = self.detok = self.generator = self.grammar = self.pooling = None
 
     @property
     def cached_tokens(self) -> int:
@@ -71,6 +73,7 @@ class ParentState:
     first_token_time: Optional[float] = None
     first_scheduled_time: Optional[float] = None
     grammar: Optional[tuple[str, Any]] = None  # structured outputs: (backend, compiled grammar) its children match
+    pooling_params: Optional[Any] = None  # a pooling request's PoolingParams (params is then the engine's own)
 
     @property
     def num_pending_children(self) -> int:

@@ -172,7 +172,7 @@ class KVCacheManager:
         prompt: at least the last token is recomputed so that it yields logits. Takes no reference;
         pass the result straight to allocate_slots (which finds the other groups' blocks of the same hit).
         """
-        if (not self.enable_prefix_caching
+        if (not self.enable_prefix_caching or request.skip_prefix_cache
                 or getattr(request.sampling_params, "prompt_logprobs", None) is not None):
             return [], 0
         hashes = self.block_hashes(request)

@@ -71,6 +71,7 @@ class Request:
             eos_token_ids = (eos_token_ids,)
         self.eos_token_ids: tuple[int, ...] = tuple(int(t) for t in eos_token_ids)
         self.cache_salt = cache_salt
+        self.skip_prefix_cache = False  # computes every prompt position (a pooled request reads them all)
 
         sp = sampling_params
         self.min_tokens: int = int(getattr(sp, "min_tokens", 0) or 0)

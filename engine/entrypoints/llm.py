@@ -1,11 +1,13 @@
-"""LLM: the offline API, shaped like vLLM's (generate, chat, beam_search arrive with the engine core)."""
+"""LLM: the offline API, shaped like vLLM's (generate, chat, beam_search; embed and encode for pooling models)."""
 from __future__ import annotations
 
 from typing import Iterator, Optional, Sequence, Union
 
 from engine.args import EngineArgs
 from engine.engine import LLMEngine, PromptType
-from engine.outputs import RequestOutput
+from engine.outputs import (EmbeddingOutput, EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput,
+                            RequestOutput)
+from engine.pooling.params import PoolingParams
 from engine.sample.sampling import SamplingParams
 
 
@@ -56,6 +58,28 @@ class LLM:
             raise
         return [results[i] for i in ids]
 
+    def embed(self, prompts: Union[PromptType, Sequence[PromptType]],
+              pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None,
+              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+        """vLLM's LLM.embed: one embedding per prompt (a model loaded with runner="pooling")."""
+        outs = self.generate(prompts, _pooling_list(prompts, pooling_params), use_tqdm=use_tqdm)
+        return [EmbeddingRequestOutput(o.request_id, EmbeddingOutput(o.pooled.tolist()), list(o.prompt_token_ids))
+                for o in outs]
+
+    def encode(self, prompts: Union[PromptType, Sequence[PromptType]],
+               pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None, use_tqdm: bool = True,
+               pooling_task: str = "embed") -> list[PoolingRequestOutput]:
+        """vLLM's LLM.encode: the pooled data per prompt as a torch tensor (pooling_task "embed")."""
+        import torch
+        params = _pooling_list(prompts, pooling_params)
+        for p in params:
+            if p.task != pooling_task:
+                p.task = pooling_task  # vLLM sets the request's task from pooling_task; PoolingParams checks it
+                p.__post_init__()
+        outs = self.generate(prompts, params, use_tqdm=use_tqdm)
+        return [PoolingRequestOutput(o.request_id, PoolingOutput(torch.from_numpy(o.pooled)),
+                                     list(o.prompt_token_ids)) for o in outs]
+
     def generate_stream(self, prompt: PromptType, sampling_params: Optional[SamplingParams] = None
                         ) -> Iterator[RequestOutput]:
         """One prompt; yields its cumulative RequestOutput after every step that changed it."""
@@ -100,6 +124,13 @@ class LLM:
         one BeamSearchOutput per prompt whose sequences hold prompt + generated tokens, best first."""
         from engine.sample.beam_search import beam_search
         return beam_search(self, _as_list(prompts), params)
+
+
+def _pooling_list(prompts, pooling_params) -> list[PoolingParams]:
+    n = len(_as_list(prompts))
+    if isinstance(pooling_params, (list, tuple)):
+        return [p.clone() for p in pooling_params]
+    return [(pooling_params or PoolingParams()).clone() for _ in range(n)]
 
 
 def _as_list(prompts) -> list:

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import engine
 from engine.async_engine import EngineDeadError, EngineStepError
-from engine.entrypoints.server import anthropic, openai, openai_responses, openapi
+from engine.entrypoints.server import anthropic, embeddings, openai, openai_responses, openapi
 from engine.entrypoints.server.errors import APIError, api_error_response, bad_request, error_response, \
     internal_error_message
 from engine.entrypoints.server.guard import OPEN_PATHS, GuardMiddleware
@@ -94,6 +94,7 @@ def build_app(state: ServerState, api_key: str | None = None, max_body_bytes: in
     app.include_router(openai.router)
     app.include_router(anthropic.router)
     app.include_router(openai_responses.router)
+    app.include_router(embeddings.router)
 
     @app.get("/health", response_class=Response,
              responses=openapi.no_content("The engine is running.", "The engine is not running."))

@@ -398,3 +398,15 @@ def content_text(content) -> str:
         return content
     return "".join(p.text for p in content if p.type == "text")
 
+
+
+# ---- /v1/embeddings (OpenAI's, vLLM's extras) ----
+class EmbeddingRequest(_Body):
+    model: Optional[str] = None
+    input: Union[str, list[str], list[TokenId], list[list[TokenId]]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = Field(None, ge=1)
+    user: Optional[str] = None
+    add_special_tokens: bool = True
+    normalize: Optional[bool] = None
+    truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)  # keep the last k tokens; -1: max_model_len

@@ -308,3 +308,25 @@ class ModelList(BaseModel):
 
 class VersionResponse(BaseModel):
     version: str
+
+
+# ---- /v1/embeddings ----
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"]
+    index: int = Field(ge=0)
+    embedding: Union[list[float], str]  # floats, or base64 of little-endian float32 bytes
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(0, ge=0)
+
+
+class EmbeddingResponse(BaseModel):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[EmbeddingData]
+    usage: EmbeddingUsage

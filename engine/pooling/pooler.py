@@ -1,0 +1,40 @@
+"""One pooling request's running pool over its prompt's final-normed hidden rows (chunk by chunk, as prefill runs),
+and the vector it ends with."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from engine.pooling.config import PoolerConfig
+from engine.pooling.params import PoolingParams
+
+
+class PoolingState:
+    def __init__(self, config: PoolerConfig, params: PoolingParams):
+        self.type = config.pooling_type
+        self.normalize = config.normalize if params.normalize is None else params.normalize
+        self.dimensions = params.dimensions
+        self._sum: Optional[np.ndarray] = None  # MEAN: float64 sum of the rows so far
+        self._count = 0
+        self._pick: Optional[np.ndarray] = None  # LAST: the latest row; CLS: the first
+
+    def add(self, start: int, rows: np.ndarray) -> None:
+        """rows f32 (n, H): positions start .. start + n - 1, final-normed."""
+        if self.type == "MEAN":
+            s = rows.sum(axis=0, dtype=np.float64)
+            self._sum = s if self._sum is None else self._sum + s
+            self._count += rows.shape[0]
+        elif self.type == "LAST":
+            self._pick = rows[-1].copy()
+        elif start == 0:
+            self._pick = rows[0].copy()
+
+    def result(self) -> np.ndarray:
+        """The embedding, float32: pooled, cut to the requested dimensions, then normalized if asked."""
+        v = (self._sum / self._count) if self.type == "MEAN" else self._pick.astype(np.float64)
+        if self.dimensions is not None:
+            v = v[:self.dimensions]
+        if self.normalize:
+            v = v / max(float(np.linalg.norm(v)), 1e-12)  # torch.nn.functional.normalize's eps
+        return v.astype(np.float32)
