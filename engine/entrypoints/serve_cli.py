@@ -84,12 +84,14 @@ def _warmup(llm_engine) -> None:
     """One short request through the engine, so kernel compilation happens before the port opens."""
     import time
 
+    from engine.pooling.params import PoolingParams
     from engine.sample.sampling import SamplingParams
     t0 = time.perf_counter()
     tok = llm_engine.tokenizer
     ids = tok.encode("Hello") or [0]
-    rid = llm_engine.add_request("__warmup__", {"prompt_token_ids": ids}, SamplingParams(max_tokens=2, temperature=0.0,
-                                                                                           ignore_eos=True))
+    params = PoolingParams() if llm_engine.pooler is not None else SamplingParams(max_tokens=2, temperature=0.0,
+                                                                                   ignore_eos=True)
+    rid = llm_engine.add_request("__warmup__", {"prompt_token_ids": ids}, params)
     try:
         for _ in range(16):
             if not llm_engine.has_unfinished_requests():

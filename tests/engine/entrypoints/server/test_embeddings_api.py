@@ -1,0 +1,75 @@
+"""/v1/embeddings with the openai SDK against a real `ramlm serve --runner pooling` of a tiny random qwen3 model:
+vectors equal to transformers' (the SDK's default base64 and plain floats alike), token-id inputs, truncation,
+usage; 400s for what cannot be served (dimensions of a model without Matryoshka training, empty input), and the
+generating server's answer to an embeddings request."""
+from __future__ import annotations
+
+import numpy as np
+import openai
+import pytest
+import torch
+
+from tests.engine.entrypoints.server.conftest import running_server
+from tests.model.tiny_models import saved_tiny
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("embedder")
+    hf, _ = saved_tiny(folder, "qwen3")
+    with running_server("--model", str(folder), "--runner", "pooling", "--max-model-len", "128",
+                        "--dtype", "float32", "--kv-cache-dtype", "fp32") as srv:
+        with openai.OpenAI(base_url=srv.base_url + "/v1", api_key=srv.api_key, max_retries=0, timeout=60) as c:
+            yield srv, c, hf.float().eval()
+
+
+def _reference(hf, ids):
+    with torch.no_grad():
+        h = hf.model(torch.tensor([ids])).last_hidden_state[0, -1].double()
+    return torch.nn.functional.normalize(h, dim=0).numpy()
+
+
+def _rel_err(a, b):
+    return float(np.abs(np.asarray(a) - b).max() / np.abs(b).max())
+
+
+def test_embeddings_match_transformers_in_both_encodings(embedder):
+    srv, client, hf = embedder
+    texts = ["t3 t4 t5 t6", "t9 t9 t10", "t200"]
+    b64 = client.embeddings.create(model=srv.model, input=texts)  # the SDK asks for base64 and decodes it
+    floats = client.embeddings.create(model=srv.model, input=texts, encoding_format="float")
+    ids = [[int(w[1:]) for w in t.split()] for t in texts]  # the tiny tokenizer: "tN" is token N, no specials
+    assert [d.index for d in b64.data] == [0, 1, 2] and b64.model == srv.model
+    assert b64.usage.prompt_tokens == b64.usage.total_tokens == sum(len(i) for i in ids)
+    for d64, df, i in zip(b64.data, floats.data, ids):
+        np.testing.assert_array_equal(np.asarray(d64.embedding, np.float32), np.asarray(df.embedding, np.float32))
+        assert _rel_err(df.embedding, _reference(hf, i)) < 2e-3
+
+
+def test_token_ids_and_truncation(embedder):
+    srv, client, hf = embedder
+    ids = [5, 6, 7, 8, 9, 10]
+    one = client.embeddings.create(model=srv.model, input=ids, encoding_format="float")
+    assert _rel_err(one.data[0].embedding, _reference(hf, ids)) < 2e-3
+    cut = client.embeddings.create(model=srv.model, input=[ids, ids[:2]], encoding_format="float",
+                                   extra_body={"truncate_prompt_tokens": 3})
+    assert _rel_err(cut.data[0].embedding, _reference(hf, ids[-3:])) < 2e-3
+    assert cut.usage.prompt_tokens == 5
+
+
+def test_what_cannot_be_served_is_a_400(embedder):
+    srv, client, _ = embedder
+    with pytest.raises(openai.BadRequestError, match="matryoshka"):
+        client.embeddings.create(model=srv.model, input="t1 t2", dimensions=16)
+    with pytest.raises(openai.BadRequestError, match="empty"):
+        client.embeddings.create(model=srv.model, input=[])
+    with pytest.raises(openai.BadRequestError, match="pooling model"):
+        client.completions.create(model=srv.model, prompt="t1 t2", max_tokens=2)
+    ok = client.embeddings.create(model=srv.model, input="t1 t2", encoding_format="float")  # still serving
+    assert len(ok.data[0].embedding) == 256
+
+
+def test_a_generating_model_refuses_embeddings(server):
+    with openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0, timeout=60) as c:
+        with pytest.raises(openai.BadRequestError, match="runner='pooling'"):
+            c.embeddings.create(model=server.model, input="hello")
