@@ -31,9 +31,10 @@ def make_room(nodes, keys, values, meta, num_tokens: int, max_depth: int):
         bigger = np.full((max(need, 2 * nodes.shape[0]), NCOLS), -1, np.int32)
         bigger[:nodes.shape[0]] = nodes
         nodes = bigger
-    if 2 * (int(meta[2]) + num_tokens) > keys.shape[0]:  # load at most one half
-        size = keys.shape[0]
-        while 2 * (int(meta[2]) + num_tokens) > size:
+    if 2 * (int(meta[2]) + num_tokens) > keys.shape[0]:  # load (tombstones included) at most one half
+        live = int(np.count_nonzero(keys >= 0))  # sized by the live keys: removals' tombstones go
+        size = 256
+        while 2 * (live + num_tokens) > size:
             size *= 2
         keys, values = _rehash(keys, values, meta, size)
     return nodes, keys, values

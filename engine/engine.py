@@ -347,7 +347,8 @@ class LLMEngine:
         kept = [(s, h) for s, h in kept if self.children[s.req_id].pooling is None]
         pooled = self._pool(pooling, failures)
         if kept and self.speculator is not None and self.speculator.needs_hidden:  # MTP drafts from every row
-            self.speculator.observe_hidden([s for s, _ in kept], [h for _, h in kept])
+            self.speculator.observe_hidden([s for s, _ in kept], [h for _, h in kept],
+                                           [self.children[s.req_id].request for s, _ in kept])
         ended: list[str] = []  # completions whose grammar accepts nothing more
         sampled = self._sample([s for s, _ in kept], [h for _, h in kept], failures, ended)
         if sampled and fused_compile.pending():
@@ -355,7 +356,8 @@ class LLMEngine:
         self.num_prompt_tokens += sum(s.num_tokens for s in so.scheduled if s.req_id in self.children and (
             not s.sample or s.req_id in pooled  # (a pooled request, released already, ran only prompt tokens)
             or s.start_pos + len(s.token_ids) <= self.children[s.req_id].request.num_prompt_tokens))
-        before = {rid: self.children[rid].request.num_output_tokens for rid in sampled if len(sampled[rid]) > 1}
+        before = {rid: self.children[rid].request.num_output_tokens for rid in sampled
+                  if len(sampled[rid]) > 1 and rid in self.children}
         finished = {req.request_id: reason for req, reason in self.scheduler.update_from_output(so, sampled)}
         touched: dict[str, None] = {}
         for rid, tokens in sampled.items():
@@ -449,6 +451,7 @@ class LLMEngine:
                 c.pooling.add(s.start_pos, self.model.final_norm(np.ascontiguousarray(h, dtype=np.float32)))
                 if s.sample:
                     c.embedding = c.pooling.result()
+                    self.kv_manager.cache_blocks(c.request, c.request.num_computed_tokens)  # as update_from_output would
                     self.scheduler.finish_requests(s.req_id, "stop")
                     c.finish_reason = "stop"
                     c.release()
@@ -479,6 +482,8 @@ class LLMEngine:
         their rows agree with and one token more."""
         rows, ids, verified = [], [], {}
         for s, h in zip(scheduled, hidden):
+            if s.req_id not in self.children:  # failed with a sibling completion (n > 1) earlier in this loop
+                continue
             if s.sample and s.spec_token_ids:
                 c = self.children[s.req_id]
                 try:
@@ -495,6 +500,9 @@ class LLMEngine:
             elif s.sample:
                 rows.append(h[-1])
                 ids.append(s.req_id)
+        live = [i for i, rid in enumerate(ids) if rid in self.children]  # (a sibling's check may have failed them)
+        rows, ids = [rows[i] for i in live], [ids[i] for i in live]
+        verified = {rid: t for rid, t in verified.items() if rid in self.children}
         if not rows:
             return verified
         try:
@@ -541,7 +549,7 @@ class LLMEngine:
                 self._fail(rid, e, failures)
                 continue
             result[rid] = [tok]
-        return {**result, **verified}
+        return {**result, **{rid: t for rid, t in verified.items() if rid in self.children}}
 
     @staticmethod
     def _drop_logprobs(c: ChildState, tokens: list[int]) -> None:

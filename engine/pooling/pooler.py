@@ -20,7 +20,10 @@ class PoolingState:
         self._pick: Optional[np.ndarray] = None  # LAST: the latest row; CLS: the first
 
     def add(self, start: int, rows: np.ndarray) -> None:
-        """rows f32 (n, H): positions start .. start + n - 1, final-normed."""
+        """rows f32 (n, H): positions start .. start + n - 1, final-normed. A request preempted and recomputed
+        starts again at 0: so does its pool."""
+        if start == 0:
+            self._sum, self._count, self._pick = None, 0, None
         if self.type == "MEAN":
             s = rows.sum(axis=0, dtype=np.float64)
             self._sum = s if self._sum is None else self._sum + s

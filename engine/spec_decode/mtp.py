@@ -8,7 +8,8 @@ load) guesses the token after next from the main model's hidden state at a posit
 with h_i the main model's final-normed hidden state, as vLLM feeds it. Its attention has a paged cache of its own (one
 layer, blocks of its own). Each step the layer first runs the positions whose next token became known (the prompt,
 then the accepted tokens); its last row gives the first draft; further drafts chain the layer on its own output (the
-next h) and the draft before, as vLLM does with one MTP layer and k > 1."""
+next h: normed for Qwen3.5, before the shared head's norm for DeepSeek and GLM) and the draft before, as vLLM does
+with one MTP layer and k > 1."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +24,8 @@ from engine.spec_decode.own_blocks import OwnBlocks
 from engine.spec_decode.proposer import Proposer
 from engine.worker.batch import RowGroups
 from engine.worker.huge_pages import small_pages
+
+CATCH_UP_ROWS = 256  # a request's rows kept before the layer runs them (a long prompt's chunks, before it samples)
 
 
 class MtpLayer:
@@ -48,14 +51,20 @@ class MtpLayer:
             if has(ws, p + "shared_head_head.weight") else model.lm_head
         self.kv_layout = (spec.kv(cfg),)
         self.num_state_slots = 0
+        # what the next chained step reads as h: Qwen3.5's layer hands on its normed output, DeepSeek's and GLM's the
+        # stream before the shared head's norm (vLLM's Qwen3-Next and DeepSeek MTP modules)
+        self.chain_normed = cfg.arch.startswith("qwen35")
 
-    def forward(self, meta, kv_caches, h: np.ndarray) -> np.ndarray:
-        """h f32 (T, H): the main model's final-normed hidden state at each row's position -> out rows (T, H)."""
+    def forward(self, meta, kv_caches, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """h f32 (T, H): the main model's final-normed hidden state at each row's position -> (out rows (T, H),
+        the rows a chained step reads as its h)."""
         ids = np.ascontiguousarray(meta.input_ids, dtype=np.int64)
         e = self.model.embed_tokens(ids) if self.embed is self.model.embed else self.embed.weight.embed(ids)
         x = self.eh_proj(np.ascontiguousarray(np.concatenate([self.enorm(e), self.hnorm(h)], axis=1)))
         meta = dataclasses.replace(meta, rows=RowGroups(meta.query_start_loc, self.prefill_dtype))
-        return self.head_norm(self.block(x, meta, kv_caches[0]))
+        x = self.block(x, meta, kv_caches[0])
+        out = self.head_norm(x)
+        return out, (out if self.chain_normed else x)
 
     def logits(self, out: np.ndarray) -> np.ndarray:
         logits = self.lm_head(np.ascontiguousarray(out, dtype=np.float32), per_row=True)
@@ -77,13 +86,16 @@ class MtpProposer(Proposer):
     def needs_hidden(self) -> bool:
         return True
 
-    def observe_hidden(self, rid, start: int, rows: np.ndarray) -> None:
-        """The main model's rows (pre-norm) for positions start.. of request rid, this step."""
+    def observe_hidden(self, rid, start: int, rows: np.ndarray, req) -> None:
+        """The main model's rows (pre-norm) for positions start.. of request rid (Request req), this step; a long
+        prompt's chunks run through the layer as they come, not all at its end."""
         done = self._done.get(rid, 0)
         normed = self.layer.model.final_norm(np.ascontiguousarray(rows, dtype=np.float32))
         kept = self._rows.setdefault(rid, {})
         for j in range(max(0, done - start), len(normed)):
             kept[start + j] = normed[j]
+        if len(kept) >= CATCH_UP_ROWS:
+            self.propose_many([(rid, req, 0)])
 
     def propose_many(self, items) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in items]
@@ -96,7 +108,9 @@ class MtpProposer(Proposer):
             while todo and todo[-1] - todo[0] != len(todo) - 1:  # one run of positions: the trailing one
                 todo = todo[1:]
             blocks = self.blocks.reserve(rid, len(tokens) + max(want, 1) - 1) if todo else None
-            if blocks is None:
+            if blocks is None:  # (no blocks left in the layer's pool: its rows go, it drafts again later)
+                for p in todo:
+                    rows.pop(p)
                 continue
             chunks.append(_chunk(tuple(tokens[p + 1] for p in todo), todo[0], blocks))
             hs.append(np.stack([rows.pop(p) for p in todo]))
@@ -105,11 +119,11 @@ class MtpProposer(Proposer):
         for _ in range(self.k):
             if not chunks:
                 break
-            last = self._run(chunks, hs)
+            last, chain = self._run(chunks, hs)
             wanted = [j for j, (_, want) in enumerate(live) if want]
             drafts = dict(zip(wanted, np.argmax(self.layer.logits(last[wanted]), axis=1))) if wanted else {}
             next_chunks, next_hs, next_live = [], [], []
-            for j, ((i, want), c, row) in enumerate(zip(live, chunks, last)):
+            for j, ((i, want), c, row) in enumerate(zip(live, chunks, chain)):
                 if not want:
                     continue
                 d = drafts[j]
@@ -121,12 +135,13 @@ class MtpProposer(Proposer):
             chunks, hs, live = next_chunks, next_hs, next_live
         return out
 
-    def _run(self, chunks, hs) -> np.ndarray:
-        """One forward over the chunks; each chunk's last out row."""
+    def _run(self, chunks, hs) -> tuple[np.ndarray, np.ndarray]:
+        """One forward over the chunks; each chunk's last out row and the row a chained step reads."""
         meta = self.runner.build_batch(chunks)
         with small_pages():
-            out = self.layer.forward(meta, self.runner.kv_caches, np.concatenate(hs))
-        return out[meta.query_start_loc[1:] - 1]
+            out, chain = self.layer.forward(meta, self.runner.kv_caches, np.concatenate(hs))
+        last = meta.query_start_loc[1:] - 1
+        return out[last], chain[last]
 
     def forget(self, rid) -> None:
         self.blocks.release(rid)

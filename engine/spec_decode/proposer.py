@@ -8,8 +8,9 @@ class Proposer:
         """Whether observe_hidden wants the main model's hidden rows of every position (MTP)."""
         return False
 
-    def observe_hidden(self, rid, start: int, rows) -> None:
-        """The main model's hidden rows (pre final norm) of request rid's positions start.., this step."""
+    def observe_hidden(self, rid, start: int, rows, req) -> None:
+        """The main model's hidden rows (pre final norm) of request rid's (Request req) positions start.., this
+        step."""
 
     def observe(self, rid, req) -> None:
         """Request rid (its Request req) has new tokens; proposers that learn from them take them now."""

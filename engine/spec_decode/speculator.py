@@ -3,6 +3,7 @@ completions after a step, their check in the next one, and each completion's dra
 accepted."""
 from __future__ import annotations
 
+import logging
 from typing import Callable, Optional
 
 import numpy as np
@@ -13,6 +14,8 @@ from engine.spec_decode.ngram import NgramProposer
 from engine.spec_decode.suffix import SuffixProposer
 from engine.spec_decode.stats import SpecStats
 from engine.spec_decode.verify import Verified, verify_drafts
+
+logger = logging.getLogger("ramlm.spec_decode")
 
 
 class Speculator:
@@ -49,10 +52,17 @@ class Speculator:
         """The engine hands every position's hidden row to observe_hidden (MTP reads them)."""
         return self.proposer.needs_hidden()
 
-    def observe_hidden(self, scheduled, hidden) -> None:
-        for s, h in zip(scheduled, hidden):
-            if h is not None:
-                self.proposer.observe_hidden(s.req_id, s.start_pos, h)
+    def observe_hidden(self, scheduled, hidden, requests) -> None:
+        """The step's hidden rows of each scheduled entry (and its Request) to the proposer. A proposer's error
+        costs drafts, never a request: the entries it was reading are forgotten (their drafts start afresh)."""
+        for s, h, req in zip(scheduled, hidden, requests):
+            if h is None:
+                continue
+            try:
+                self.proposer.observe_hidden(s.req_id, s.start_pos, h, req)
+            except Exception:
+                logger.exception("speculative decoding: the proposer failed on request %s; it drafts afresh", s.req_id)
+                self.forget(s.req_id)
 
     def propose(self, completions, num_running: int, max_model_len: int) -> None:
         """Drafts for the next step of each (request id, ChildState) that is running; none while the running
@@ -71,7 +81,14 @@ class Speculator:
             room = min(req.max_tokens - req.num_output_tokens - 1, max_model_len - req.num_tokens,
                        self._draft_len.get(rid, self.cfg.num_speculative_tokens))
             items.append((rid, req, 0 if full else room))
-        for (_, req, _), drafts in zip(items, self.proposer.propose_many(items)):
+        try:
+            proposals = self.proposer.propose_many(items)
+        except Exception:  # drafts only speed things up: without them every request still runs, exactly
+            logger.exception("speculative decoding: the proposer failed; no drafts this step")
+            for rid, _, _ in items:
+                self.forget(rid)
+            return
+        for (_, req, _), drafts in zip(items, proposals):
             req.spec_token_ids = drafts
 
     def verify(self, s, hidden_rows: np.ndarray, compute_logits: Callable, child, generator, eos_token_ids,

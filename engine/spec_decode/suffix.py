@@ -63,6 +63,8 @@ class SuffixProposer(Proposer):
         if local is None:
             local = SuffixTree(self.depth)
             if self.responses is not None:
+                if rid in self._cached:  # a finished request's id used again: its old output leaves first
+                    self.responses.remove(rid, self._cached.pop(rid))
                 self._cached[rid] = []
                 self._evict()
         local.extend(0, tokens[seen:])

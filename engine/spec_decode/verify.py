@@ -47,8 +47,9 @@ def verify_drafts(logits: np.ndarray, drafts: Sequence[int], row: SamplingRow, e
             weights, ids = truncated_distribution(x, p, copied=x is not raw)
             token = (_keep_or_resample(weights, ids, int(drafts[i]), generator) if i < len(drafts)
                      else inverse_cdf(weights, generator.random(), ids))
-        if grammar is not None and not grammar.accept(token):
-            raise RuntimeError(f"the grammar refused token {token} that its own mask allowed")
+        if grammar is not None and not grammar.accept(token):  # as the plain path: the request ends here
+            out.ended = not out.tokens
+            return out
         out.tokens.append(token)
         outputs.append(token)
         if p.logprobs is not None:

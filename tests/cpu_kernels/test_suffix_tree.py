@@ -122,3 +122,29 @@ def test_sequences_taken_out_leave_the_tree_of_the_rest():
     for i in (1, 2, 4, 6, 7, 9):
         tree.remove(i, seqs[0] if i == 9 else seqs[i])
     assert tree_counts(tree) == Counter() and int(tree.nodes[0, st.CNT]) == 0
+
+
+def test_the_root_hash_stays_sized_by_its_live_keys():
+    """Sequences of fresh tokens put in and taken out again and again: tombstones never make the hash grow."""
+    tree = SuffixTree(4, capacity=16)
+    for i in range(40):
+        seq = list(range(1000 * i, 1000 * i + 100))
+        tree.extend(i, seq)
+        tree.remove(i, seq)
+    assert tree_counts(tree) == Counter() and tree.keys.shape[0] <= 512
+
+
+def test_a_request_id_used_again_replaces_its_old_output():
+    from types import SimpleNamespace
+
+    from engine.spec_decode.config import SpeculativeConfig
+    from engine.spec_decode.suffix import SuffixProposer
+    p = SuffixProposer(SpeculativeConfig.from_dict({"method": "suffix", "num_speculative_tokens": 4}))
+    first = SimpleNamespace(all_token_ids=[1, 2, 3, 7, 8, 9, 7, 8], num_prompt_tokens=3)
+    p.observe("r", first)
+    p.forget("r")
+    again = SimpleNamespace(all_token_ids=[4, 5, 6, 11, 12], num_prompt_tokens=3)
+    p.observe("r", again)
+    ref = Reference(p.depth)
+    ref.extend("r", [11, 12])
+    assert tree_counts(p.responses) == ref.counts  # the first output is gone from the shared tree

@@ -112,3 +112,15 @@ def test_encode_gives_tensors_and_the_runners_refuse_each_others_requests(tiny):
         LLM(model=folder, **{**KW, "runner": "generate", "pooler_config": {"pooling_type": "MEAN"}})
     with pytest.raises(ValueError, match="pooling_type"):
         LLM(model=folder, **{**KW, "pooler_config": {"pooling_type": "MAX"}})
+
+
+def test_a_pool_started_again_from_the_first_position_forgets_the_first_run():
+    """A pooling request preempted and recomputed (its rows from position 0 again) pools each position once."""
+    from engine.pooling.config import PoolerConfig
+    from engine.pooling.pooler import PoolingState
+    rows = np.random.default_rng(0).normal(size=(10, 4)).astype(np.float32)
+    pool = PoolingState(PoolerConfig(pooling_type="MEAN", normalize=False), PoolingParams())
+    pool.add(0, rows[:6])  # preempted after its first chunk
+    pool.add(0, rows[:4])
+    pool.add(4, rows[4:])
+    np.testing.assert_allclose(pool.result(), rows.mean(0), rtol=1e-6)

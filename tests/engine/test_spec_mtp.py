@@ -117,7 +117,7 @@ def test_the_layer_matches_transformers(with_mtp):
     mtp = MtpProposer(SpeculativeConfig.from_dict({"method": "mtp"}), model, 8, 16, "fp32")
     mtp.layer.prefill_dtype = "float32"
     meta = mtp.runner.build_batch([SeqChunk(tuple(PROMPT[1:]), 0, blocks, "all")])
-    out = mtp.layer.forward(meta, mtp.runner.kv_caches, model.final_norm(hidden[:-1]))
+    out, _ = mtp.layer.forward(meta, mtp.runner.kv_caches, model.final_norm(hidden[:-1]))
     assert _rel_err(mtp.layer.logits(out), ref.logits(PROMPT)) < 2e-3
 
 

@@ -238,3 +238,31 @@ def test_the_command_line_takes_the_config_as_json():
     assert EngineArgs.from_cli_args(ns).speculative_config["num_speculative_tokens"] == 3
     with pytest.raises(SystemExit):
         ap.parse_args(["--speculative-config", "[1, 2]"])
+
+
+def test_a_completion_whose_check_fails_fails_its_request_alone(pair, monkeypatch):
+    """n = 2 with drafts: when one completion's check raises, its request fails (both completions), and the other
+    requests of the step go on as without speculation."""
+    from engine.errors import RequestsFailed
+    base, spec = pair
+    engine, real = spec.llm_engine, spec.llm_engine.speculator.verify
+
+    def verify(s, *args):
+        if s.req_id.startswith("0_bad"):
+            raise RuntimeError("injected")
+        return real(s, *args)
+    monkeypatch.setattr(engine.speculator, "verify", verify)
+    params = SamplingParams(temperature=0, max_tokens=30)
+    engine.add_request("bad", REPEAT, SamplingParams(n=2, temperature=0.7, seed=3, max_tokens=30))
+    engine.add_request("good", REPEAT, params)
+    failed, done = set(), {}
+    while engine.has_unfinished_requests():
+        try:
+            outs = engine.step()
+        except RequestsFailed as e:
+            failed |= set(e.failures)
+            outs = e.outputs
+        done.update({o.request_id: o for o in outs if o.finished})
+    assert failed == {"bad"} and "good" in done
+    want = base.generate([REPEAT], params, use_tqdm=False)[0].outputs[0]
+    assert list(done["good"].outputs[0].token_ids) == list(want.token_ids)
