@@ -159,3 +159,18 @@ class PoolingRequestOutput:
     outputs: PoolingOutput
     prompt_token_ids: list[int]
     finished: bool = True
+
+
+@dataclass
+class ScoringOutput:
+    """vLLM's: one pair's score."""
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """vLLM's: what LLM.score returns per pair."""
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

@@ -1,4 +1,4 @@
-"""LLM: the offline API, shaped like vLLM's (generate, chat, beam_search; embed and encode for pooling models)."""
+"""LLM: the offline API, shaped like vLLM's (generate, chat, beam_search; embed, encode and score for pooling models)."""
 from __future__ import annotations
 
 from typing import Iterator, Optional, Sequence, Union
@@ -6,8 +6,9 @@ from typing import Iterator, Optional, Sequence, Union
 from engine.args import EngineArgs
 from engine.engine import LLMEngine, PromptType
 from engine.outputs import (EmbeddingOutput, EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput,
-                            RequestOutput)
+                            RequestOutput, ScoringOutput, ScoringRequestOutput)
 from engine.pooling.params import PoolingParams
+from engine.pooling.score import cosine, pair_up
 from engine.sample.sampling import SamplingParams
 
 
@@ -79,6 +80,18 @@ class LLM:
         outs = self.generate(prompts, params, use_tqdm=use_tqdm)
         return [PoolingRequestOutput(o.request_id, PoolingOutput(torch.from_numpy(o.pooled)),
                                      list(o.prompt_token_ids)) for o in outs]
+
+    def score(self, data_1: Union[PromptType, Sequence[PromptType]], data_2: Union[PromptType, Sequence[PromptType]],
+              use_tqdm: bool = True) -> list[ScoringRequestOutput]:
+        """vLLM's LLM.score for an embedding model: the cosine similarity of data_1's and data_2's vectors, one
+        against many or pairwise (engine/pooling/score.py)."""
+        first, second = _as_list(data_1), _as_list(data_2)
+        pairs = pair_up(first, second)
+        vecs = self.embed(first + second, use_tqdm=use_tqdm)
+        a, b = vecs[:len(first)], vecs[len(first):]
+        return [ScoringRequestOutput(f"{a[i].request_id}-{b[j].request_id}",
+                                     ScoringOutput(cosine(a[i].outputs.embedding, b[j].outputs.embedding)),
+                                     a[i].prompt_token_ids + b[j].prompt_token_ids) for i, j in pairs]
 
     def generate_stream(self, prompt: PromptType, sampling_params: Optional[SamplingParams] = None
                         ) -> Iterator[RequestOutput]:

@@ -124,3 +124,17 @@ def test_a_pool_started_again_from_the_first_position_forgets_the_first_run():
     pool.add(0, rows[:4])
     pool.add(4, rows[4:])
     np.testing.assert_allclose(pool.result(), rows.mean(0), rtol=1e-6)
+
+
+def test_score_is_the_cosine_of_the_two_vectors(tiny):
+    folder, hf = tiny
+    llm = LLM(model=folder, **KW)
+    q, docs = {"prompt_token_ids": PROMPTS[0]}, [{"prompt_token_ids": p} for p in PROMPTS[1:]]
+    ref = [_reference(hf, p) for p in PROMPTS]
+    one_to_many = llm.score(q, docs, use_tqdm=False)
+    assert [o.outputs.score for o in one_to_many] == pytest.approx([float(ref[0] @ r) for r in ref[1:]], abs=1e-4)
+    pairwise = llm.score(docs, docs[::-1], use_tqdm=False)
+    assert [o.outputs.score for o in pairwise] == pytest.approx(
+        [float(ref[1 + i] @ ref[3 - i]) for i in range(3)], abs=1e-4)
+    with pytest.raises(ValueError, match="give one text_1"):
+        llm.score(docs[:2], docs, use_tqdm=False)

@@ -1,5 +1,6 @@
-"""OpenAI's /v1/embeddings for pooling models (runner="pooling"): strings or token ids in, one vector per input, as
-floats or base64 (little-endian float32, what the openai SDK asks for by default)."""
+"""Pooling models' endpoints (runner="pooling"): OpenAI's /v1/embeddings (strings or token ids in, one vector per input,
+as floats or base64: little-endian float32, what the openai SDK asks for by default), and vLLM's /score and /rerank
+(Jina's and Cohere's shape), scored as vLLM scores with an embedding model: the cosine of the two texts' vectors."""
 from __future__ import annotations
 
 import base64
@@ -12,10 +13,11 @@ from fastapi.responses import Response
 
 from engine.entrypoints.server import openapi
 from engine.entrypoints.server.errors import bad_request
-from engine.entrypoints.server.protocol import EmbeddingRequest
-from engine.entrypoints.server.responses import EmbeddingResponse
+from engine.entrypoints.server.protocol import EmbeddingRequest, RerankRequest, ScoreRequest
+from engine.entrypoints.server.responses import EmbeddingResponse, RerankResponse, ScoreResponse
 from engine.entrypoints.server.serving import add_requests, collect, state_of, unless_disconnected
 from engine.pooling.params import PoolingParams
+from engine.pooling.score import cosine, pair_up
 
 router = APIRouter()
 
@@ -46,26 +48,77 @@ async def create_embedding(body: EmbeddingRequest, request: Request):
 
 async def _inputs(st, body: EmbeddingRequest) -> list[tuple[None, list[int]]]:
     """input's four forms -> [(None, token ids)], cut to the last truncate_prompt_tokens tokens when asked."""
-    x = body.input
+    return await _token_ids(st, body.input, body.add_special_tokens, body.truncate_prompt_tokens, "input")
+
+
+async def _token_ids(st, x, special: bool, k, field: str) -> list[tuple[None, list[int]]]:
     if isinstance(x, str):
         x = [x]
     if not x:
-        raise bad_request("input must not be empty", "input")
+        raise bad_request(f"{field} must not be empty", field)
     if isinstance(x[0], str):
-        special = body.add_special_tokens
         ids = await st.off_loop(lambda: [st.tokenizer.encode(t, add_special_tokens=special) for t in x])
     elif isinstance(x[0], int):
         ids = [list(x)]
     else:
         ids = [list(p) for p in x]
-    k = body.truncate_prompt_tokens
     if k is not None:
         k = st.max_model_len if k == -1 else k
         ids = [p[-k:] if k else [] for p in ids]
     for p in ids:
         if not p:
-            raise bad_request("an input is empty", "input")
+            raise bad_request(f"an input of {field} is empty", field)
     return [(None, p) for p in ids]
+
+
+async def _vectors(request: Request, st, prompts) -> list[np.ndarray] | None:
+    """Each prompt's normalized vector (None: the client left)."""
+    added, streams = await unless_disconnected(request, add_requests(st, f"score-{uuid.uuid4().hex}", prompts,
+                                                                     PoolingParams(normalize=True)))
+    if not added:
+        return None
+    completed, finals = await unless_disconnected(request, collect(streams))
+    return [out.pooled for out in finals] if completed else None
+
+
+@router.post("/score", response_model=ScoreResponse, responses=openapi.errors(*openapi.GENERATION_ERRORS))
+@router.post("/v1/score", response_model=ScoreResponse, responses=openapi.errors(*openapi.GENERATION_ERRORS))
+async def create_score(body: ScoreRequest, request: Request):
+    st = state_of(request)
+    model = st.check_model(body.model)
+    first = await _token_ids(st, body.text_1, True, body.truncate_prompt_tokens, "text_1")
+    second = await _token_ids(st, body.text_2, True, body.truncate_prompt_tokens, "text_2")
+    try:
+        pairs = pair_up(first, second)
+    except ValueError as e:
+        raise bad_request(str(e), "text_1") from e
+    vecs = await _vectors(request, st, first + second)
+    if vecs is None:
+        return Response(status_code=499)
+    data = [{"index": n, "object": "score", "score": cosine(vecs[i], vecs[len(first) + j])}
+            for n, (i, j) in enumerate(pairs)]
+    tokens = sum(len(ids) for _, ids in first + second)  # each text runs once
+    return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model,
+            "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}}
+
+
+@router.post("/rerank", response_model=RerankResponse, responses=openapi.errors(*openapi.GENERATION_ERRORS))
+@router.post("/v1/rerank", response_model=RerankResponse, responses=openapi.errors(*openapi.GENERATION_ERRORS))
+@router.post("/v2/rerank", response_model=RerankResponse, responses=openapi.errors(*openapi.GENERATION_ERRORS))
+async def create_rerank(body: RerankRequest, request: Request):
+    st = state_of(request)
+    model = st.check_model(body.model)
+    query = await _token_ids(st, body.query, True, body.truncate_prompt_tokens, "query")
+    docs = await _token_ids(st, body.documents, True, body.truncate_prompt_tokens, "documents")
+    vecs = await _vectors(request, st, query + docs)
+    if vecs is None:
+        return Response(status_code=499)
+    scores = [cosine(vecs[0], v) for v in vecs[1:]]
+    order = sorted(range(len(docs)), key=lambda i: -scores[i])[:body.top_n or None]
+    results = [{"index": i, "relevance_score": scores[i],
+                "document": {"text": body.documents[i]} if body.return_documents else None} for i in order]
+    tokens = sum(len(ids) for _, ids in query + docs)  # the query runs once, not once per document
+    return {"id": f"rerank-{uuid.uuid4().hex}", "model": model, "usage": {"total_tokens": tokens}, "results": results}
 
 
 def _encode(vec: np.ndarray, fmt: str):

@@ -410,3 +410,20 @@ class EmbeddingRequest(_Body):
     add_special_tokens: bool = True
     normalize: Optional[bool] = None
     truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)  # keep the last k tokens; -1: max_model_len
+
+
+# ---- /score, /v1/score, /rerank, /v1/rerank, /v2/rerank (vLLM's; Jina's and Cohere's rerank shape) ----
+class ScoreRequest(_Body):
+    model: Optional[str] = None
+    text_1: Union[str, list[str]]
+    text_2: Union[str, list[str]]
+    truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
+
+
+class RerankRequest(_Body):
+    model: Optional[str] = None
+    query: str
+    documents: list[str]
+    top_n: Optional[int] = Field(None, ge=0)  # 0 or missing: all documents
+    return_documents: bool = True
+    truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)

@@ -330,3 +330,40 @@ class EmbeddingResponse(BaseModel):
     model: str
     data: list[EmbeddingData]
     usage: EmbeddingUsage
+
+
+# ---- /score, /rerank ----
+class ScoreData(BaseModel):
+    index: int = Field(ge=0)
+    object: Literal["score"]
+    score: float
+
+
+class ScoreResponse(BaseModel):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: EmbeddingUsage
+
+
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int = Field(ge=0)
+    document: Optional[RerankDocument] = None
+    relevance_score: float
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int = Field(ge=0)
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]

@@ -73,3 +73,22 @@ def test_a_generating_model_refuses_embeddings(server):
     with openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0, timeout=60) as c:
         with pytest.raises(openai.BadRequestError, match="runner='pooling'"):
             c.embeddings.create(model=server.model, input="hello")
+
+
+def test_score_and_rerank_are_cosines_of_the_vectors(embedder):
+    srv, _, hf = embedder
+    texts = ["t3 t4 t5", "t3 t4 t6", "t100 t101", "t3 t4 t5 t5"]
+    ref = [_reference(hf, [int(w[1:]) for w in t.split()]) for t in texts]
+    with srv.client() as http:
+        score = http.post("/v1/score", json={"model": srv.model, "text_1": texts[0], "text_2": texts[1:]}).json()
+        assert [d["score"] for d in score["data"]] == pytest.approx([float(ref[0] @ r) for r in ref[1:]], abs=1e-4)
+        assert score["usage"]["prompt_tokens"] == 3 + 3 + 2 + 4
+        rr = http.post("/v1/rerank", json={"model": srv.model, "query": texts[0], "documents": texts[1:],
+                                           "top_n": 2}).json()
+        want = sorted(range(3), key=lambda i: -float(ref[0] @ ref[1 + i]))[:2]
+        assert [r["index"] for r in rr["results"]] == want
+        assert rr["results"][0]["document"]["text"] == texts[1 + want[0]]
+        assert rr["results"][0]["relevance_score"] == pytest.approx(float(ref[0] @ ref[1 + want[0]]), abs=1e-4)
+        bad = http.post("/score", json={"model": srv.model, "text_1": texts[:2], "text_2": texts[1:]})
+        assert bad.status_code == 400 and "text_1" in bad.json()["error"]["message"]
+        assert http.post("/rerank", json={"model": srv.model, "query": "t1", "documents": []}).status_code == 400
