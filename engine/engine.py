@@ -23,7 +23,8 @@ from engine.outputs import RequestOutput
 from engine.req_state import ChildState, ParentState
 from engine.core.request import Request
 from engine.worker.runner import ModelRunner, SeqChunk
-from engine.pooling.config import PoolerConfig
+from engine.model.parts.linear import Linear, has
+from engine.pooling.config import PoolerConfig, class_labels
 from engine.pooling.params import PoolingParams
 from engine.pooling.pooler import PoolingState
 from engine.sample.sampler import Sampler, SamplingRow, prompt_logprobs_for
@@ -75,6 +76,9 @@ class LLMEngine:
         if args.pooler_config is not None and args.runner != "pooling":
             raise ValueError("pooler_config is for pooling models: give runner='pooling' too")
         self.pooler = PoolerConfig.for_model(self.model_path, args.pooler_config) if args.runner == "pooling" else None
+        head = "cls.output.weight"  # a sequence-classification checkpoint's head
+        self.classifier = Linear(self.model.weights, head) if self.pooler and has(self.model.weights, head) else None
+        self.class_labels = class_labels(self.model_path) if self.classifier is not None else []
         self.speculator = Speculator.build(args.speculative_config, self.model, self.runner,
                                            dataclasses.replace(args, max_model_len=self.max_model_len), self.config)
         self.scheduler = Scheduler(self.kv_manager, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -185,7 +189,12 @@ class LLMEngine:
         if not isinstance(params, PoolingParams):
             raise ValueError("this model runs as a pooling model (runner='pooling'): it serves embeddings "
                              "(LLM.embed, /v1/embeddings), not generation")
+        if params.task == "classify" and self.classifier is None:
+            raise ValueError("this model has no classification head (a *ForSequenceClassification checkpoint's "
+                             "score.weight): it serves embeddings, not classify")
         d = params.dimensions
+        if d is not None and params.task == "classify":
+            raise ValueError("dimensions is for embeddings, not classify")
         if d is not None:
             if not self.pooler.matryoshka:
                 raise ValueError(f'Model "{self.model_path}" does not support matryoshka representation, changing '
@@ -212,7 +221,8 @@ class LLMEngine:
         child_id = parent.request_id if params.n == 1 else f"{index}_{parent.request_id}"
         ids = parent.prompt_token_ids
         req = Request(child_id, ids, child_params, eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len)
-        pooling = PoolingState(self.pooler, parent.pooling_params) if parent.pooling_params is not None else None
+        pooling = (PoolingState(self.pooler, parent.pooling_params, self.classifier)
+                   if parent.pooling_params is not None else None)
         if pooling is not None and pooling.type != "LAST":  # every position's row is pooled: none may be cached
             req.skip_prefix_cache = True
         return ChildState(req, child_params, index, IncrementalDetokenizer(self.tokenizer, child_params, ids),

@@ -1,12 +1,13 @@
-"""LLM: the offline API, shaped like vLLM's (generate, chat, beam_search; embed, encode and score for pooling models)."""
+"""LLM: the offline API, shaped like vLLM's (generate, chat, beam_search; embed, encode, score, classify for pooling
+models)."""
 from __future__ import annotations
 
 from typing import Iterator, Optional, Sequence, Union
 
 from engine.args import EngineArgs
 from engine.engine import LLMEngine, PromptType
-from engine.outputs import (EmbeddingOutput, EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput,
-                            RequestOutput, ScoringOutput, ScoringRequestOutput)
+from engine.outputs import (ClassificationOutput, ClassificationRequestOutput, EmbeddingOutput, EmbeddingRequestOutput,
+                            PoolingOutput, PoolingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput)
 from engine.pooling.params import PoolingParams
 from engine.pooling.score import cosine, pair_up
 from engine.sample.sampling import SamplingParams
@@ -80,6 +81,13 @@ class LLM:
         outs = self.generate(prompts, params, use_tqdm=use_tqdm)
         return [PoolingRequestOutput(o.request_id, PoolingOutput(torch.from_numpy(o.pooled)),
                                      list(o.prompt_token_ids)) for o in outs]
+
+    def classify(self, prompts: Union[PromptType, Sequence[PromptType]],
+                 use_tqdm: bool = True) -> list[ClassificationRequestOutput]:
+        """vLLM's LLM.classify: the class probabilities of a sequence-classification model, per prompt."""
+        outs = self.generate(prompts, [PoolingParams(task="classify") for _ in _as_list(prompts)], use_tqdm=use_tqdm)
+        return [ClassificationRequestOutput(o.request_id, ClassificationOutput(o.pooled.tolist()),
+                                            list(o.prompt_token_ids)) for o in outs]
 
     def score(self, data_1: Union[PromptType, Sequence[PromptType]], data_2: Union[PromptType, Sequence[PromptType]],
               use_tqdm: bool = True) -> list[ScoringRequestOutput]:

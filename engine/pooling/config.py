@@ -71,3 +71,11 @@ def _matryoshka(path: str) -> dict:
     dims = cfg.get("matryoshka_dimensions")
     return {"matryoshka": bool(cfg.get("is_matryoshka") or dims),
             "matryoshka_dimensions": tuple(int(d) for d in dims) if dims else None}
+
+
+def class_labels(path: str) -> list[str]:
+    """A classification checkpoint's label names by class id (config.json's id2label; LABEL_i where it has none)."""
+    cfg = _read(path, "config.json") if os.path.isdir(path) else None
+    id2label = (cfg or {}).get("id2label") or {}
+    n = max((int(k) for k in id2label), default=-1) + 1
+    return [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(n)]

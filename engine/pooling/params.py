@@ -5,14 +5,15 @@ import copy
 from dataclasses import dataclass
 from typing import Optional
 
-TASKS = ("embed",)
+TASKS = ("embed", "classify")
 
 
 @dataclass
 class PoolingParams:
     """dimensions: keep the first d values of the embedding (Matryoshka models only), then normalize again.
     normalize: L2-normalize the pooled vector (None: the model's pooler config decides).
-    task: "embed" (the others vLLM knows, token_embed, classify, score, are not served yet)."""
+    task: "embed", or "classify" (the class probabilities of a model with a classification head; dimensions and
+    normalize do not apply). vLLM's token_embed and token_classify are not served yet."""
     dimensions: Optional[int] = None
     normalize: Optional[bool] = None
     task: str = "embed"

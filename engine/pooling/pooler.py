@@ -11,10 +11,13 @@ from engine.pooling.params import PoolingParams
 
 
 class PoolingState:
-    def __init__(self, config: PoolerConfig, params: PoolingParams):
+    """head: for the classify task, the classification head (a Linear: pooled row -> class logits)."""
+
+    def __init__(self, config: PoolerConfig, params: PoolingParams, head=None):
         self.type = config.pooling_type
         self.normalize = config.normalize if params.normalize is None else params.normalize
         self.dimensions = params.dimensions
+        self.head = head if params.task == "classify" else None
         self._sum: Optional[np.ndarray] = None  # MEAN: float64 sum of the rows so far
         self._count = 0
         self._pick: Optional[np.ndarray] = None  # LAST: the latest row; CLS: the first
@@ -34,8 +37,13 @@ class PoolingState:
             self._pick = rows[0].copy()
 
     def result(self) -> np.ndarray:
-        """The embedding, float32: pooled, cut to the requested dimensions, then normalized if asked."""
+        """The embedding, float32: pooled, cut to the requested dimensions, then normalized if asked; for the classify
+        task the class probabilities."""
         v = (self._sum / self._count) if self.type == "MEAN" else self._pick.astype(np.float64)
+        if self.head is not None:  # class probabilities: softmax of the head's logits (vLLM's default activation)
+            logits = self.head(np.ascontiguousarray(v[None], dtype=np.float32), per_row=True)[0].astype(np.float64)
+            e = np.exp(logits - logits.max())
+            return (e / e.sum()).astype(np.float32)
         if self.dimensions is not None:
             v = v[:self.dimensions]
         if self.normalize:

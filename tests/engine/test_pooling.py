@@ -1,5 +1,5 @@
-"""Pooling models (runner="pooling", engine/pooling/): LLM.embed and LLM.encode on tiny random qwen3 and llama models
-against transformers' final hidden states (last-token, mean and CLS pooling, normalized or not, from pooler_config
+"""Pooling models (runner="pooling", engine/pooling/): LLM.embed, encode, score and classify on tiny random qwen3 and
+llama models against transformers' final hidden states (last-token, mean and CLS pooling, normalized or not, from pooler_config
 or the folder's sentence-transformers files); chunked prefill, batches, prefix-cache hits and Matryoshka dimensions;
 the refusals (generation on a pooling model, embeddings on a generating one, dimensions the model was not trained
 for)."""
@@ -102,7 +102,7 @@ def test_encode_gives_tensors_and_the_runners_refuse_each_others_requests(tiny):
     assert isinstance(out.outputs.data, torch.Tensor)
     np.testing.assert_allclose(out.outputs.data.numpy(), _embed(llm, PROMPTS[:1])[0], atol=1e-6)
     with pytest.raises(ValueError, match="not supported"):
-        llm.encode([{"prompt_token_ids": PROMPTS[0]}], pooling_task="classify", use_tqdm=False)
+        llm.encode([{"prompt_token_ids": PROMPTS[0]}], pooling_task="token_classify", use_tqdm=False)
     with pytest.raises(ValueError, match="pooling model"):
         llm.generate([{"prompt_token_ids": PROMPTS[0]}], SamplingParams(max_tokens=2), use_tqdm=False)
     gen = LLM(model=folder, **{**KW, "runner": "generate"})
@@ -138,3 +138,20 @@ def test_score_is_the_cosine_of_the_two_vectors(tiny):
         [float(ref[1 + i] @ ref[3 - i]) for i in range(3)], abs=1e-4)
     with pytest.raises(ValueError, match="give one text_1"):
         llm.score(docs[:2], docs, use_tqdm=False)
+
+
+def test_classify_gives_the_heads_class_probabilities(tmp_path):
+    """A Qwen3ForSequenceClassification checkpoint: its score head over the last token's state, softmaxed, as
+    transformers computes it; an embedding model without a head refuses classify."""
+    from tests.model.tiny_models import saved_tiny_classifier
+    hf = saved_tiny_classifier(tmp_path)
+    llm = LLM(model=str(tmp_path), **KW)
+    got = llm.classify([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)
+    for ids, out in zip(PROMPTS, got):
+        with torch.no_grad():
+            want = torch.softmax(hf(torch.tensor([ids])).logits[0].double(), dim=-1).numpy()
+        assert out.outputs.num_classes == 3 and _rel_err(out.outputs.probs, want) < 2e-3
+    assert max(max(o.outputs.probs) for o in got) > 0.6
+    saved_tiny(tmp_path / "embedder", "qwen3")
+    with pytest.raises(ValueError, match="no classification head"):
+        LLM(model=str(tmp_path / "embedder"), **KW).classify([{"prompt_token_ids": PROMPTS[0]}], use_tqdm=False)

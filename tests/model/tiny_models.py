@@ -166,3 +166,19 @@ def saved_tiny(folder, arch: str):
     hf.save_pretrained(folder, safe_serialization=True)
     save_tiny_tokenizer(folder)
     return hf, open_weights(str(folder))
+
+
+def saved_tiny_classifier(folder, num_labels: int = 3):
+    """A tiny random Qwen3ForSequenceClassification (its head scaled so that the probabilities are far from uniform),
+    saved with the tiny tokenizer and named labels; returns the transformers model."""
+    cfg = tiny_config("qwen3")
+    cfg.num_labels, cfg.pad_token_id = num_labels, 0
+    cfg.id2label = {i: f"class_{i}" for i in range(num_labels)}
+    cfg.label2id = {v: k for k, v in cfg.id2label.items()}
+    torch.manual_seed(0)
+    hf = transformers.Qwen3ForSequenceClassification(cfg).float().eval()
+    with torch.no_grad():
+        hf.score.weight.mul_(20.0)
+    hf.save_pretrained(folder, safe_serialization=True)
+    save_tiny_tokenizer(folder)
+    return hf

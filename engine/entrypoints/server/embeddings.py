@@ -13,8 +13,9 @@ from fastapi.responses import Response
 
 from engine.entrypoints.server import openapi
 from engine.entrypoints.server.errors import bad_request
-from engine.entrypoints.server.protocol import EmbeddingRequest, RerankRequest, ScoreRequest
-from engine.entrypoints.server.responses import EmbeddingResponse, RerankResponse, ScoreResponse
+from engine.entrypoints.server.protocol import ClassificationRequest, EmbeddingRequest, RerankRequest, ScoreRequest
+from engine.entrypoints.server.responses import (ClassificationResponse, EmbeddingResponse, RerankResponse,
+                                                 ScoreResponse)
 from engine.entrypoints.server.serving import add_requests, collect, state_of, unless_disconnected
 from engine.pooling.params import PoolingParams
 from engine.pooling.score import cosine, pair_up
@@ -119,6 +120,32 @@ async def create_rerank(body: RerankRequest, request: Request):
                 "document": {"text": body.documents[i]} if body.return_documents else None} for i in order]
     tokens = sum(len(ids) for _, ids in query + docs)  # the query runs once, not once per document
     return {"id": f"rerank-{uuid.uuid4().hex}", "model": model, "usage": {"total_tokens": tokens}, "results": results}
+
+
+@router.post("/classify", response_model=ClassificationResponse,
+             responses=openapi.errors(*openapi.GENERATION_ERRORS))
+@router.post("/v1/classify", response_model=ClassificationResponse,
+             responses=openapi.errors(*openapi.GENERATION_ERRORS))
+async def create_classification(body: ClassificationRequest, request: Request):
+    st = state_of(request)
+    model = st.check_model(body.model)
+    prompts = await _token_ids(st, body.input, True, body.truncate_prompt_tokens, "input")
+    rid = f"classify-{uuid.uuid4().hex}"
+    added, streams = await unless_disconnected(request, add_requests(st, rid, prompts, PoolingParams(task="classify")))
+    if not added:
+        return Response(status_code=499)
+    completed, finals = await unless_disconnected(request, collect(streams))
+    if not completed:
+        return Response(status_code=499)
+    labels = st.engine.engine.class_labels
+    data = []
+    for i, out in enumerate(finals):
+        best = int(np.argmax(out.pooled))
+        data.append({"index": i, "label": labels[best] if best < len(labels) else None,
+                     "probs": [float(p) for p in out.pooled], "num_classes": len(out.pooled)})
+    n = sum(len(ids) for _, ids in prompts)
+    return {"id": rid, "object": "list", "created": int(time.time()), "model": model, "data": data,
+            "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0}}
 
 
 def _encode(vec: np.ndarray, fmt: str):

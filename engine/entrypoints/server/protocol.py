@@ -427,3 +427,9 @@ class RerankRequest(_Body):
     top_n: Optional[int] = Field(None, ge=0)  # 0 or missing: all documents
     return_documents: bool = True
     truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
+
+
+class ClassificationRequest(_Body):
+    model: Optional[str] = None
+    input: Union[str, list[str], list[TokenId], list[list[TokenId]]]
+    truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)

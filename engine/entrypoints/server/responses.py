@@ -367,3 +367,21 @@ class RerankResponse(BaseModel):
     model: str
     usage: RerankUsage
     results: list[RerankResult]
+
+
+
+# ---- /classify ----
+class ClassificationData(BaseModel):
+    index: int = Field(ge=0)
+    label: Optional[str]
+    probs: list[float]
+    num_classes: int = Field(ge=0)
+
+
+class ClassificationResponse(BaseModel):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[ClassificationData]
+    usage: EmbeddingUsage

@@ -92,3 +92,18 @@ def test_score_and_rerank_are_cosines_of_the_vectors(embedder):
         bad = http.post("/score", json={"model": srv.model, "text_1": texts[:2], "text_2": texts[1:]})
         assert bad.status_code == 400 and "text_1" in bad.json()["error"]["message"]
         assert http.post("/rerank", json={"model": srv.model, "query": "t1", "documents": []}).status_code == 400
+
+
+def test_classify_names_the_likeliest_class(tmp_path_factory):
+    from tests.model.tiny_models import saved_tiny_classifier
+    folder = tmp_path_factory.mktemp("classifier")
+    hf = saved_tiny_classifier(folder)
+    with running_server("--model", str(folder), "--runner", "pooling", "--max-model-len", "128", "--dtype", "float32",
+                        "--kv-cache-dtype", "fp32") as srv, srv.client() as http:
+        body = http.post("/classify", json={"model": srv.model, "input": ["t3 t4 t5", "t9"]}).json()
+        for d, ids in zip(body["data"], [[3, 4, 5], [9]]):
+            with torch.no_grad():
+                want = torch.softmax(hf(torch.tensor([ids])).logits[0].double(), dim=-1).numpy()
+            assert d["num_classes"] == 3 and _rel_err(d["probs"], want) < 2e-3
+            assert d["label"] == f"class_{int(np.argmax(want))}"
+        assert body["usage"]["prompt_tokens"] == 4
