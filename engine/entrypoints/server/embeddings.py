@@ -34,14 +34,11 @@ async def create_embedding(body: EmbeddingRequest, request: Request):
         raise bad_request(str(e), "dimensions") from e
     prompts = await _inputs(st, body)
     rid = f"embd-{uuid.uuid4().hex}"
-    added, streams = await unless_disconnected(request, add_requests(st, rid, prompts, params))
-    if not added:
+    vecs = await pooled(request, st, rid, prompts, params)
+    if vecs is None:
         return Response(status_code=499)
-    completed, finals = await unless_disconnected(request, collect(streams))
-    if not completed:
-        return Response(status_code=499)
-    data = [{"object": "embedding", "index": i, "embedding": _encode(out.pooled, body.encoding_format)}
-            for i, out in enumerate(finals)]
+    data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
+            for i, v in enumerate(vecs)]
     n = sum(len(ids) for _, ids in prompts)
     return {"id": rid, "object": "list", "created": int(time.time()), "model": model, "data": data,
             "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0}}
@@ -72,10 +69,9 @@ async def _token_ids(st, x, special: bool, k, field: str) -> list[tuple[None, li
     return [(None, p) for p in ids]
 
 
-async def _vectors(request: Request, st, prompts) -> list[np.ndarray] | None:
-    """Each prompt's normalized vector (None: the client left)."""
-    added, streams = await unless_disconnected(request, add_requests(st, f"score-{uuid.uuid4().hex}", prompts,
-                                                                     PoolingParams(normalize=True)))
+async def pooled(request: Request, st, rid: str, prompts, params: PoolingParams) -> list[np.ndarray] | None:
+    """Each prompt's pooled output, the prompts run as one engine request each (None: the client left)."""
+    added, streams = await unless_disconnected(request, add_requests(st, rid, prompts, params))
     if not added:
         return None
     completed, finals = await unless_disconnected(request, collect(streams))
@@ -93,13 +89,14 @@ async def create_score(body: ScoreRequest, request: Request):
         pairs = pair_up(first, second)
     except ValueError as e:
         raise bad_request(str(e), "text_1") from e
-    vecs = await _vectors(request, st, first + second)
+    rid = f"score-{uuid.uuid4().hex}"
+    vecs = await pooled(request, st, rid, first + second, PoolingParams(normalize=True))
     if vecs is None:
         return Response(status_code=499)
     data = [{"index": n, "object": "score", "score": cosine(vecs[i], vecs[len(first) + j])}
             for n, (i, j) in enumerate(pairs)]
     tokens = sum(len(ids) for _, ids in first + second)  # each text runs once
-    return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model,
+    return {"id": rid, "object": "list", "created": int(time.time()), "model": model,
             "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}}
 
 
@@ -111,7 +108,8 @@ async def create_rerank(body: RerankRequest, request: Request):
     model = st.check_model(body.model)
     query = await _token_ids(st, body.query, True, body.truncate_prompt_tokens, "query")
     docs = await _token_ids(st, body.documents, True, body.truncate_prompt_tokens, "documents")
-    vecs = await _vectors(request, st, query + docs)
+    rid = f"rerank-{uuid.uuid4().hex}"
+    vecs = await pooled(request, st, rid, query + docs, PoolingParams(normalize=True))
     if vecs is None:
         return Response(status_code=499)
     scores = [cosine(vecs[0], v) for v in vecs[1:]]
@@ -119,7 +117,7 @@ async def create_rerank(body: RerankRequest, request: Request):
     results = [{"index": i, "relevance_score": scores[i],
                 "document": {"text": body.documents[i]} if body.return_documents else None} for i in order]
     tokens = sum(len(ids) for _, ids in query + docs)  # the query runs once, not once per document
-    return {"id": f"rerank-{uuid.uuid4().hex}", "model": model, "usage": {"total_tokens": tokens}, "results": results}
+    return {"id": rid, "model": model, "usage": {"total_tokens": tokens}, "results": results}
 
 
 @router.post("/classify", response_model=ClassificationResponse,
@@ -131,18 +129,15 @@ async def create_classification(body: ClassificationRequest, request: Request):
     model = st.check_model(body.model)
     prompts = await _token_ids(st, body.input, True, body.truncate_prompt_tokens, "input")
     rid = f"classify-{uuid.uuid4().hex}"
-    added, streams = await unless_disconnected(request, add_requests(st, rid, prompts, PoolingParams(task="classify")))
-    if not added:
-        return Response(status_code=499)
-    completed, finals = await unless_disconnected(request, collect(streams))
-    if not completed:
+    probs = await pooled(request, st, rid, prompts, PoolingParams(task="classify"))
+    if probs is None:
         return Response(status_code=499)
     labels = st.engine.engine.class_labels
     data = []
-    for i, out in enumerate(finals):
-        best = int(np.argmax(out.pooled))
+    for i, p in enumerate(probs):
+        best = int(np.argmax(p))
         data.append({"index": i, "label": labels[best] if best < len(labels) else None,
-                     "probs": [float(p) for p in out.pooled], "num_classes": len(out.pooled)})
+                     "probs": [float(x) for x in p], "num_classes": len(p)})
     n = sum(len(ids) for _, ids in prompts)
     return {"id": rid, "object": "list", "created": int(time.time()), "model": model, "data": data,
             "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0}}
