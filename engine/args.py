@@ -44,7 +44,8 @@ class EngineArgs:
         "are refused"))
     runner: str = field(default="auto", metadata=_meta(
         "what the model serves (vLLM's runner): generate (text), pooling (embeddings from its final hidden states: "
-        "LLM.embed, /v1/embeddings), or auto: generate", choices=("auto", "generate", "pooling")))
+        "LLM.embed, /v1/embeddings), or auto: pooling for a *ForSequenceClassification checkpoint, else generate",
+        choices=("auto", "generate", "pooling")))
     pooler_config: Optional[dict] = field(default=None, metadata=_meta(
         'a pooling model\'s pooler (vLLM\'s pooler_config, JSON on the command line): {"pooling_type": "LAST" | '
         '"MEAN" | "CLS", "normalize": true | false}; default: the folder\'s sentence-transformers files, else LAST, '

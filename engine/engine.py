@@ -24,7 +24,7 @@ from engine.req_state import ChildState, ParentState
 from engine.core.request import Request
 from engine.worker.runner import ModelRunner, SeqChunk
 from engine.model.parts.linear import Linear, has
-from engine.pooling.config import PoolerConfig, class_labels
+from engine.pooling.config import PoolerConfig, class_labels, default_runner
 from engine.pooling.params import PoolingParams
 from engine.pooling.pooler import PoolingState
 from engine.sample.sampler import Sampler, SamplingRow, prompt_logprobs_for
@@ -73,9 +73,10 @@ class LLMEngine:
                                              args.enable_prefix_caching,
                                              num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0,
                                              windows=self.runner.windows)
-        if args.pooler_config is not None and args.runner != "pooling":
+        runner = args.runner if args.runner != "auto" else default_runner(self.model_path)
+        if args.pooler_config is not None and runner != "pooling":
             raise ValueError("pooler_config is for pooling models: give runner='pooling' too")
-        self.pooler = PoolerConfig.for_model(self.model_path, args.pooler_config) if args.runner == "pooling" else None
+        self.pooler = PoolerConfig.for_model(self.model_path, args.pooler_config) if runner == "pooling" else None
         head = "cls.output.weight"  # a sequence-classification checkpoint's head
         self.classifier = Linear(self.model.weights, head) if self.pooler and has(self.model.weights, head) else None
         self.class_labels = class_labels(self.model_path) if self.classifier is not None else []

@@ -79,3 +79,11 @@ def class_labels(path: str) -> list[str]:
     id2label = (cfg or {}).get("id2label") or {}
     n = max((int(k) for k in id2label), default=-1) + 1
     return [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(n)]
+
+
+def default_runner(path: str) -> str:
+    """runner="auto": pooling for a checkpoint whose config.json names a sequence-classification architecture (it has
+    no language-model head), generate otherwise."""
+    cfg = _read(path, "config.json") if os.path.isdir(path) else None
+    archs = (cfg or {}).get("architectures") or []
+    return "pooling" if any(str(a).endswith("ForSequenceClassification") for a in archs) else "generate"

@@ -145,7 +145,7 @@ def test_classify_gives_the_heads_class_probabilities(tmp_path):
     transformers computes it; an embedding model without a head refuses classify."""
     from tests.model.tiny_models import saved_tiny_classifier
     hf = saved_tiny_classifier(tmp_path)
-    llm = LLM(model=str(tmp_path), **KW)
+    llm = LLM(model=str(tmp_path), **{**KW, "runner": "auto"})  # a classification checkpoint pools by default
     got = llm.classify([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)
     for ids, out in zip(PROMPTS, got):
         with torch.no_grad():
