@@ -8,27 +8,23 @@ from concurrent import futures
 import sys
 import threading
 import time
-from typing import Iterable, Optional, Union
+from typing import Optional
 
 import numpy as np
 
 from engine import request_checks
 from engine.args import EngineArgs
-from engine.tokenization.detokenizer import IncrementalDetokenizer, fill_decoded_tokens
+from engine.tokenization.detokenizer import fill_decoded_tokens
 from engine.core.hybrid_cache import HybridKVCacheManager
 from engine.core.kv_cache import KVCacheManager
 from engine.errors import RequestsFailed
 from engine.model import fused_compile
 from engine.outputs import RequestOutput
+from engine.admission import RequestAdmission
 from engine.req_state import ChildState, ParentState
-from engine.core.request import Request
 from engine.worker.runner import ModelRunner, SeqChunk
-from engine.model.parts.linear import Linear, has
-from engine.pooling.config import PoolerConfig, class_labels, default_runner
-from engine.pooling.params import PoolingParams
-from engine.pooling.pooler import PoolingState
+from engine.pooling.model import PoolingModel
 from engine.sample.sampler import Sampler, SamplingRow, prompt_logprobs_for
-from engine.sample.sampling import SamplingParams
 from engine.core.scheduler import Scheduler
 from engine.structured.manager import StructuredOutputs
 from engine.spec_decode.config import SPEC_STEP_ROWS
@@ -49,7 +45,7 @@ def _import_torch() -> None:
         pass
 
 
-class LLMEngine:
+class LLMEngine(RequestAdmission):
     def __init__(self, args: EngineArgs):
         from engine.loading import load_everything
         self.args = args
@@ -73,13 +69,7 @@ class LLMEngine:
                                              args.enable_prefix_caching,
                                              num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0,
                                              windows=self.runner.windows)
-        runner = args.runner if args.runner != "auto" else default_runner(self.model_path)
-        if args.pooler_config is not None and runner != "pooling":
-            raise ValueError("pooler_config is for pooling models: give runner='pooling' too")
-        self.pooler = PoolerConfig.for_model(self.model_path, args.pooler_config) if runner == "pooling" else None
-        head = "cls.output.weight"  # a sequence-classification checkpoint's head
-        self.classifier = Linear(self.model.weights, head) if self.pooler and has(self.model.weights, head) else None
-        self.class_labels = class_labels(self.model_path) if self.classifier is not None else []
+        self.pooling = PoolingModel.build(args, self.model, self.model_path)  # None: a generating model
         self.speculator = Speculator.build(args.speculative_config, self.model, self.runner,
                                            dataclasses.replace(args, max_model_len=self.max_model_len), self.config)
         self.scheduler = Scheduler(self.kv_manager, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -123,153 +113,6 @@ class LLMEngine:
         self.runner.execute_hidden([SeqChunk((0,), n, blocks, "last")])
 
     # ---- requests ----
-    def encode_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
-        return request_checks.encode_prompt(self.tokenizer, prompt)
-
-    def add_request(self, request_id: Optional[str], prompt: PromptType,
-                    params: Optional[SamplingParams] = None) -> str:
-        """Queues a request; raises ValueError/TypeError (holding nothing) if it cannot run.
-
-        Its n completions are created as the scheduler has room for them (see _fan_out), so a large n
-        costs memory only for the completions that run or wait, and an abort stops the fan-out.
-        """
-        params = params or SamplingParams()
-        request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self.parents:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        text, ids = self.encode_prompt(prompt)
-        self.validate_request(ids, params)
-        pooling = params if isinstance(params, PoolingParams) else None
-        if pooling is not None:  # one completion that runs its prompt and samples nothing
-            params = SamplingParams(temperature=0, max_tokens=1, detokenize=False)
-        parent = ParentState(request_id, text, ids, params, pooling_params=pooling)
-        so = params.structured_outputs
-        if so is not None:
-            backend, fut = self.structured.check(so), self.structured.compile(so)
-            if not fut.done():  # _admit_ready admits it; the scheduler's refusals come now, as for any request
-                self.scheduler.check_request(self._make_child(parent, 0, with_grammar=False).request)
-                self.parents[request_id] = parent
-                self._compiling[request_id] = (parent, backend, fut)
-                return request_id
-            if fut.exception() is not None:
-                raise fut.exception()
-            parent.grammar = (backend, fut.result())
-        self._admit(parent, self._make_child(parent, 0))  # raises before anything is registered
-        self.parents[request_id] = parent
-        self._fan_out(parent)
-        return request_id
-
-    def _admit_ready(self, failures: dict[str, BaseException]) -> None:
-        """Admits the requests whose grammar has compiled (fails those whose grammar did not)."""
-        for rid, (parent, backend, fut) in list(self._compiling.items()):
-            if not fut.done():
-                continue
-            del self._compiling[rid]
-            try:
-                parent.grammar = (backend, fut.result())
-                self._admit(parent, self._make_child(parent, 0))
-                self._fan_out(parent)
-            except Exception as e:
-                self._fail_parent(rid, e, failures)
-
-    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Everything add_request checks about a prompt and its params, without queueing anything.
-
-        Reads only what never changes after load, so callers on other threads (the server) may use it.
-        """
-        if isinstance(params, PoolingParams) or self.pooler is not None:
-            return self._validate_pooling(prompt_token_ids, params)
-        request_checks.validate_request(prompt_token_ids, params, self.config.vocab_size, self.max_model_len)
-        if params.structured_outputs is not None:
-            self.structured.check(params.structured_outputs)  # the backend's own checks: ValueError naming them
-
-    def _validate_pooling(self, prompt_token_ids: list[int], params) -> None:
-        """validate_request for a pooling model or request: one kind needs the other."""
-        if self.pooler is None:
-            raise ValueError("this model serves generation: embeddings need a pooling model (runner='pooling')")
-        if not isinstance(params, PoolingParams):
-            raise ValueError("this model runs as a pooling model (runner='pooling'): it serves embeddings "
-                             "(LLM.embed, /v1/embeddings), not generation")
-        if params.task == "classify" and self.classifier is None:
-            raise ValueError("this model has no classification head (a *ForSequenceClassification checkpoint's "
-                             "score.weight): it serves embeddings, not classify")
-        d = params.dimensions
-        if d is not None and params.task == "classify":
-            raise ValueError("dimensions is for embeddings, not classify")
-        if d is not None:
-            if not self.pooler.matryoshka:
-                raise ValueError(f'Model "{self.model_path}" does not support matryoshka representation, changing '
-                                 f"output dimensions will lead to poor results.")
-            if d > self.config.hidden_size:
-                raise ValueError(f"dimensions {d} is more than the model's hidden size ({self.config.hidden_size})")
-            if self.pooler.matryoshka_dimensions and d not in self.pooler.matryoshka_dimensions:
-                raise ValueError(f"dimensions {d} is not one of the model's matryoshka_dimensions "
-                                 f"{list(self.pooler.matryoshka_dimensions)}")
-        # the pool runs the prompt as a one-token request (it samples nothing): the same length and id checks
-        request_checks.validate_request(prompt_token_ids, SamplingParams(max_tokens=1), self.config.vocab_size,
-                                        self.max_model_len)
-
-    def _make_child(self, parent: ParentState, index: int, with_grammar: bool = True) -> ChildState:
-        """Completion `index` of a request, built whole (everything that can fail) but not yet scheduled."""
-        params = parent.params
-        child_params = params
-        if params.n > 1:
-            child_params = params.clone()
-            child_params.n = child_params.best_of = 1
-            child_params.seed = params.child_seed(index)  # distinct but reproducible samples
-            if index > 0:
-                child_params.prompt_logprobs = None  # computed once; lets the children share the prefix
-        child_id = parent.request_id if params.n == 1 else f"{index}_{parent.request_id}"
-        ids = parent.prompt_token_ids
-        req = Request(child_id, ids, child_params, eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len)
-        pooling = (PoolingState(self.pooler, parent.pooling_params, self.classifier)
-                   if parent.pooling_params is not None else None)
-        if pooling is not None and pooling.type != "LAST":  # every position's row is pooled: none may be cached
-            req.skip_prefix_cache = True
-        return ChildState(req, child_params, index, IncrementalDetokenizer(self.tokenizer, child_params, ids),
-                          child_params.make_generator(),
-                          logprobs=[] if child_params.logprobs is not None else None,
-                          prompt_logprobs=[] if child_params.prompt_logprobs is not None else None,
-                          grammar=self.structured.matcher(*parent.grammar, parent.params.structured_outputs)
-                          if with_grammar and parent.grammar else None, pooling=pooling)
-
-    def _admit(self, parent: ParentState, child: ChildState) -> None:
-        child_id = child.request_id
-        self.scheduler.add_request(child.request)  # the last check that can refuse (KV larger than the pool)
-        parent.children.append(child)
-        self.children[child_id] = child
-        self._child_parent[child_id] = parent.request_id
-
-    def _fan_out(self, parent: Optional[ParentState] = None) -> None:
-        """Creates pending completions while fewer than max_num_seqs requests wait to be scheduled."""
-        if parent is not None and parent.num_pending_children:
-            self._fanning[parent.request_id] = parent
-        room = self.scheduler.max_num_seqs - self.scheduler.num_waiting
-        for pid, p in list(self._fanning.items()):
-            while p.num_pending_children and room > 0:
-                self._admit(p, self._make_child(p, len(p.children)))
-                room -= 1
-            if not p.num_pending_children or pid not in self.parents:
-                del self._fanning[pid]
-
-    def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
-        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        for rid in ids:
-            parent = self.parents.pop(rid, None)
-            self._fanning.pop(rid, None)
-            self._compiling.pop(rid, None)
-            if parent is None:
-                continue
-            for c in parent.children:
-                self.scheduler.finish_requests(c.request_id, "abort")
-                self._forget(c.request_id)
-
-    def _forget(self, child_id: str) -> None:
-        self.children.pop(child_id, None)
-        if self.speculator is not None:
-            self.speculator.forget(child_id)
-        self._child_parent.pop(child_id, None)
-
     def has_unfinished_requests(self) -> bool:
         return bool(self.parents)
 
@@ -354,9 +197,10 @@ class LLMEngine:
                 except Exception as e:
                     self._fail(s.req_id, e, failures)
         kept = [(s, h) for s, h in zip(live, hidden) if s.req_id in self.children]
-        pooling = [(s, h) for s, h in kept if self.children[s.req_id].pooling is not None]
-        kept = [(s, h) for s, h in kept if self.children[s.req_id].pooling is None]
-        pooled = self._pool(pooling, failures)
+        pooled: list[str] = []
+        if self.pooling is not None:  # a pooling model's requests pool their rows and sample nothing
+            pooled = self._pool(kept, failures)
+            kept = []
         if kept and self.speculator is not None and self.speculator.needs_hidden:  # MTP drafts from every row
             self.speculator.observe_hidden([s for s, _ in kept], [h for _, h in kept],
                                            [self.children[s.req_id].request for s, _ in kept])
@@ -377,7 +221,7 @@ class LLMEngine:
             if rid in before:  # accepted drafts: only those the scheduler kept (EOS or max_tokens may stop early)
                 cut = tokens[self.children[rid].request.num_output_tokens - before[rid]:]
                 tokens = tokens[:len(tokens) - len(cut)]
-                self._drop_logprobs(self.children[rid], cut)
+                self.children[rid].drop_logprobs(cut)
             try:
                 self._update_text(rid, tokens, finished.get(rid))
             except Exception as e:
@@ -420,7 +264,7 @@ class LLMEngine:
                 if not last:  # the scheduler appended the accepted drafts after this one: they are not the output
                     del child.request.output_token_ids[i + 1 - len(tokens):]
                     del child.request.all_token_ids[i + 1 - len(tokens):]
-                    self._drop_logprobs(child, tokens[i + 1:])
+                    child.drop_logprobs(tokens[i + 1:])
                 if not last or reason is None:
                     self.scheduler.finish_requests(rid, "stop")
                 child.finish_reason, child.stop_reason = "stop", stop_str
@@ -504,7 +348,7 @@ class LLMEngine:
                         self.scheduler.finish_requests(s.req_id, "stop")  # before update_from_output, as below
                         ended.append(s.req_id)
                     else:
-                        self._add_logprobs(c, v.tokens, v.logprobs)
+                        c.add_logprobs(self.tokenizer, v.tokens, v.logprobs)
                         verified[s.req_id] = v.tokens
                 except Exception as e:
                     self._fail(s.req_id, e, failures)
@@ -555,25 +399,12 @@ class LLMEngine:
                     self.scheduler.finish_requests(rid, "stop")  # before update_from_output, which wants a token
                     ended.append(rid)
                     continue
-                self._add_logprobs(c, [tok], [lp])
+                c.add_logprobs(self.tokenizer, [tok], [lp])
             except Exception as e:
                 self._fail(rid, e, failures)
                 continue
             result[rid] = [tok]
         return {**result, **{rid: t for rid, t in verified.items() if rid in self.children}}
-
-    @staticmethod
-    def _drop_logprobs(c: ChildState, tokens: list[int]) -> None:
-        """Takes back the logprobs of the last `tokens`, accepted drafts that a stop cut from the output."""
-        if c.logprobs is not None and tokens:
-            c.cumulative_logprob -= sum(lp[t].logprob for t, lp in zip(tokens, c.logprobs[-len(tokens):]))
-            del c.logprobs[-len(tokens):]
-
-    def _add_logprobs(self, c: ChildState, tokens: list[int], logprobs: list) -> None:
-        if c.logprobs is not None:
-            fill_decoded_tokens(self.tokenizer, logprobs)
-            c.logprobs.extend(logprobs)
-            c.cumulative_logprob += sum(lp[t].logprob for t, lp in zip(tokens, logprobs))
 
     def _output(self, parent_id: str) -> RequestOutput:
         parent = self.parents[parent_id]

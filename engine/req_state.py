@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from engine.tokenization.detokenizer import IncrementalDetokenizer
+from engine.tokenization.detokenizer import IncrementalDetokenizer, fill_decoded_tokens
 from engine.outputs import CompletionOutput, Logprob, RequestMetrics
 from engine.core.request import Request
 from engine.sample.sampling import SamplingParams
@@ -48,6 +48,19 @@ class ChildState:
             token_ids=list(self.request.output_token_ids),
             cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
             logprobs=self.logprobs, finish_reason=self.finish_reason, stop_reason=self.stop_reason)
+
+    def add_logprobs(self, tokenizer, tokens: list[int], logprobs: list) -> None:
+        """The logprob entries of new output tokens (when the completion asked for logprobs)."""
+        if self.logprobs is not None:
+            fill_decoded_tokens(tokenizer, logprobs)
+            self.logprobs.extend(logprobs)
+            self.cumulative_logprob += sum(lp[t].logprob for t, lp in zip(tokens, logprobs))
+
+    def drop_logprobs(self, tokens: list[int]) -> None:
+        """Takes back the logprobs of the last `tokens`: accepted drafts that a stop cut from the output."""
+        if self.logprobs is not None and tokens:
+            self.cumulative_logprob -= sum(lp[t].logprob for t, lp in zip(tokens, self.logprobs[-len(tokens):]))
+            del self.logprobs[-len(tokens):]
 
     def release(self) -> None:
         """A finished completion keeps its output only."""

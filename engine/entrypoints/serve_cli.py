@@ -89,7 +89,7 @@ def _warmup(llm_engine) -> None:
     t0 = time.perf_counter()
     tok = llm_engine.tokenizer
     ids = tok.encode("Hello") or [0]
-    params = PoolingParams() if llm_engine.pooler is not None else SamplingParams(max_tokens=2, temperature=0.0,
+    params = PoolingParams() if llm_engine.pooling is not None else SamplingParams(max_tokens=2, temperature=0.0,
                                                                                    ignore_eos=True)
     rid = llm_engine.add_request("__warmup__", {"prompt_token_ids": ids}, params)
     try:

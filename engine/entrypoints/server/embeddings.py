@@ -132,7 +132,7 @@ async def create_classification(body: ClassificationRequest, request: Request):
     probs = await pooled(request, st, rid, prompts, PoolingParams(task="classify"))
     if probs is None:
         return Response(status_code=499)
-    labels = st.engine.engine.class_labels
+    labels = st.engine.engine.pooling.class_labels
     data = []
     for i, p in enumerate(probs):
         best = int(np.argmax(p))
