@@ -3,7 +3,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "PoolingParams", "LLMEngine", "EngineArgs", "RequestOutput", "CompletionOutput",
-           "EmbeddingRequestOutput", "PoolingRequestOutput"]
+           "EmbeddingRequestOutput", "PoolingRequestOutput", "LoRARequest"]
 
 
 def __getattr__(name: str):
@@ -16,6 +16,9 @@ def __getattr__(name: str):
     if name == "PoolingParams":
         from engine.pooling.params import PoolingParams
         return PoolingParams
+    if name == "LoRARequest":
+        from engine.lora.request import LoRARequest
+        return LoRARequest
     if name == "LLMEngine":
         from engine.engine import LLMEngine
         return LLMEngine

@@ -6,6 +6,7 @@ from typing import Iterable, Optional, Union
 
 from engine import request_checks
 from engine.core.request import Request
+from engine.lora.request import LoRARequest
 from engine.pooling.model import check_kind
 from engine.pooling.params import PoolingParams
 from engine.req_state import ChildState, ParentState
@@ -17,14 +18,15 @@ PromptType = request_checks.PromptType
 
 class RequestAdmission:
     """Mixed into LLMEngine, whose state it reads: parents, children, _fanning, _compiling, _child_parent, scheduler,
-    structured, pooling, speculator, tokenizer, config, max_model_len, eos_token_ids."""
+    structured, pooling, speculator, lora, tokenizer, config, max_model_len, eos_token_ids."""
 
     def encode_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         return request_checks.encode_prompt(self.tokenizer, prompt)
 
     def add_request(self, request_id: Optional[str], prompt: PromptType,
-                    params: Optional[SamplingParams] = None) -> str:
-        """Queues a request; raises ValueError/TypeError (holding nothing) if it cannot run.
+                    params: Optional[SamplingParams] = None, lora_request: Optional[LoRARequest] = None) -> str:
+        """Queues a request; raises ValueError/TypeError (holding nothing) if it cannot run. lora_request: the
+        LoRA adapter it runs with (read now if it is not in RAM: a bad adapter fails this request alone).
 
         Its n completions are created as the scheduler has room for them (see _fan_out), so a large n
         costs memory only for the completions that run or wait, and an abort stops the fan-out.
@@ -35,10 +37,11 @@ class RequestAdmission:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self.encode_prompt(prompt)
         self.validate_request(ids, params)
+        self.check_lora(lora_request)
         pooling = params if isinstance(params, PoolingParams) else None
         if pooling is not None:  # one completion that runs its prompt and samples nothing
             params = SamplingParams(temperature=0, max_tokens=1, detokenize=False)
-        parent = ParentState(request_id, text, ids, params, pooling_params=pooling)
+        parent = ParentState(request_id, text, ids, params, pooling_params=pooling, lora_request=lora_request)
         so = params.structured_outputs
         if so is not None:
             backend, fut = self.structured.check(so), self.structured.compile(so)
@@ -81,6 +84,17 @@ class RequestAdmission:
         if params.structured_outputs is not None:
             self.structured.check(params.structured_outputs)  # the backend's own checks: ValueError naming them
 
+    def check_lora(self, lora_request: Optional[LoRARequest]) -> None:
+        """ValueError unless the adapter can run here (loads it into RAM, the engine thread's part)."""
+        if lora_request is None:
+            return
+        if not isinstance(lora_request, LoRARequest):
+            raise TypeError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}")
+        if self.lora is None:
+            raise ValueError(f"LoRA adapter {lora_request.lora_name!r} requested, but LoRA is not enabled (start the "
+                             f"engine with enable_lora=True, --enable-lora)")
+        self.lora.load(lora_request)
+
     def _make_child(self, parent: ParentState, index: int, with_grammar: bool = True) -> ChildState:
         """Completion `index` of a request, built whole (everything that can fail) but not yet scheduled."""
         params = parent.params
@@ -93,7 +107,9 @@ class RequestAdmission:
                 child_params.prompt_logprobs = None  # computed once; lets the children share the prefix
         child_id = parent.request_id if params.n == 1 else f"{index}_{parent.request_id}"
         ids = parent.prompt_token_ids
-        req = Request(child_id, ids, child_params, eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len)
+        lora = parent.lora_request
+        req = Request(child_id, ids, child_params, eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len,
+                      lora_id=lora.lora_int_id if lora else 0, lora_name=lora.lora_name if lora else None)
         pooling = self.pooling.new_pool(parent.pooling_params) if parent.pooling_params is not None else None
         if pooling is not None and pooling.type != "LAST":  # every position's row is pooled: none may be cached
             req.skip_prefix_cache = True

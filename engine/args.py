@@ -50,6 +50,15 @@ class EngineArgs:
         'a pooling model\'s pooler (vLLM\'s pooler_config, JSON on the command line): {"pooling_type": "LAST" | '
         '"MEAN" | "CLS", "normalize": true | false}; default: the folder\'s sentence-transformers files, else LAST, '
         "normalized"))
+    enable_lora: bool = field(default=False, metadata=_meta(
+        "serve LoRA adapters chosen per request (vLLM's enable_lora): LLM.generate(lora_request=LoRARequest(...)), "
+        "the server's --lora-modules and the request's model field; PEFT folders and llama.cpp GGUF LoRA files"))
+    max_loras: int = field(default=1, metadata=_meta(
+        "most distinct LoRA adapters in one step (vLLM's); requests of another adapter wait for a free one"))
+    max_lora_rank: int = field(default=16, metadata=_meta(
+        "largest LoRA rank accepted (vLLM's); an adapter of higher rank is refused"))
+    max_cpu_loras: Optional[int] = field(default=None, metadata=_meta(
+        "LoRA adapters kept loaded in RAM, least recently used dropped beyond it (vLLM's); default: max_loras"))
     structured_outputs_backend: str = field(default="auto", metadata=_meta(
         "library that compiles structured outputs (JSON schema, regex, choice, grammar) into token masks: xgrammar, "
         "guidance (llguidance), or auto: xgrammar, and guidance for what xgrammar cannot take (as vLLM)",
@@ -115,6 +124,10 @@ class EngineArgs:
             if allowed and getattr(self, f.name) is not None and getattr(self, f.name) not in allowed:
                 raise ValueError(f"{f.name} must be one of {', '.join(allowed)}, got {getattr(self, f.name)!r}")
         self.effective_prefill_dtype()
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError(f"max_loras ({self.max_loras}) and max_lora_rank ({self.max_lora_rank}) must be positive")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
         from offload.plan_types import PlanOptions
         PlanOptions.from_args(self)  # the placement flags are refused here, before a model is loaded
 

@@ -74,6 +74,7 @@ class _Add:
     stream: RequestStream
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    lora_request: Any = None
 
 
 @dataclass
@@ -182,8 +183,10 @@ class AsyncLLMEngine:
         return self._thread is not None and self._thread.is_alive() and not self._stop
 
     # ---- caller side (event loop) ----
-    async def add_request(self, request_id: str, prompt: Any, params: SamplingParams) -> RequestStream:
-        """Queues a request; returns its stream once the engine accepted it.
+    async def add_request(self, request_id: str, prompt: Any, params: SamplingParams,
+                          lora_request: Any = None) -> RequestStream:
+        """Queues a request (with its LoRA adapter, a lora.LoRARequest or None); returns its stream once the engine
+        accepted it.
 
         Raises:
             ValueError / TypeError: the engine rejected the request (prompt too long, bad token ids, ...).
@@ -194,7 +197,7 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, self, loop)
         fut = loop.create_future()
-        self._commands.append(_Add(request_id, prompt, params, stream, fut, loop))
+        self._commands.append(_Add(request_id, prompt, params, stream, fut, loop, lora_request))
         self._wake.set()
         try:
             await fut
@@ -262,7 +265,7 @@ class AsyncLLMEngine:
             _resolve(cmd.loop, cmd.future, None, EngineDeadError("the engine was shut down"))
             return
         try:
-            self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params)
+            self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params, lora_request=cmd.lora_request)
         except Exception as e:
             _resolve(cmd.loop, cmd.future, None, e)
             return

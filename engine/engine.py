@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import itertools
 from concurrent import futures
 import sys
@@ -21,6 +22,8 @@ from engine.errors import RequestsFailed
 from engine.model import fused_compile
 from engine.outputs import RequestOutput
 from engine.admission import RequestAdmission
+from engine.lora.manager import LoRAManager
+from engine.lora.steps import LoRASteps
 from engine.req_state import ChildState, ParentState
 from engine.worker.runner import ModelRunner, SeqChunk
 from engine.pooling.model import PoolingModel
@@ -45,7 +48,7 @@ def _import_torch() -> None:
         pass
 
 
-class LLMEngine(RequestAdmission):
+class LLMEngine(RequestAdmission, LoRASteps):
     def __init__(self, args: EngineArgs):
         from engine.loading import load_everything
         self.args = args
@@ -70,11 +73,14 @@ class LLMEngine(RequestAdmission):
                                              num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0,
                                              windows=self.runner.windows)
         self.pooling = PoolingModel.build(args, self.model, self.model_path)  # None: a generating model
+        self.lora = LoRAManager.build(args, self.model, self.config)  # None without enable_lora
+        self._lora_slot_of: dict[int, int] = {}  # this step's adapters: lora id -> slot
         self.speculator = Speculator.build(args.speculative_config, self.model, self.runner,
                                            dataclasses.replace(args, max_model_len=self.max_model_len), self.config)
         self.scheduler = Scheduler(self.kv_manager, max_num_batched_tokens=args.max_num_batched_tokens,
                                    max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,
-                                   enable_chunked_prefill=args.enable_chunked_prefill, spec_step_rows=SPEC_STEP_ROWS)
+                                   enable_chunked_prefill=args.enable_chunked_prefill, spec_step_rows=SPEC_STEP_ROWS,
+                                   max_loras=args.max_loras if self.lora is not None else 0)
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
         self.sampler = Sampler(self.eos_token_ids, seed=args.seed)
         self.structured = StructuredOutputs(self.tokenizer, self.config.vocab_size, args.structured_outputs_backend)
@@ -167,7 +173,11 @@ class LLMEngine(RequestAdmission):
             return []
         now = time.time()
         live, chunks, want_prompt_lp = [], [], []
+        if self.lora is not None:
+            self._activate_loras(so, failures)
         for s in so.scheduled:
+            if s.req_id not in self.children:  # failed above (its adapter)
+                continue
             try:
                 child = self.children[s.req_id]
                 parent = self.parents[self._child_parent[s.req_id]]
@@ -178,7 +188,7 @@ class LLMEngine(RequestAdmission):
                 chunks.append(SeqChunk(s.token_ids, s.start_pos, s.block_ids,
                                        "all" if every_row else ("last" if s.sample else "none"),
                                        state_slot=max(s.state_slot, 0), snapshot=s.state_snapshot,
-                                       group_block_ids=s.group_block_ids))
+                                       group_block_ids=s.group_block_ids, lora_slot=self._lora_slot(s.req_id)))
             except Exception as e:
                 self._fail(s.req_id, e, failures)
                 continue
@@ -322,7 +332,8 @@ class LLMEngine(RequestAdmission):
         k = child.params.prompt_logprobs
         for a in range(0, n, LOGITS_SLICE):
             b = min(n, a + LOGITS_SLICE)
-            logits = self.runner.compute_logits(hidden_rows[a:b])
+            slots = self._lora_rows([child.request_id] * (b - a))
+            logits = self.runner.compute_logits(hidden_rows[a:b], lora_slots=slots)
             entries = prompt_logprobs_for(logits, prompt, k, start=start + a)
             fill_decoded_tokens(self.tokenizer, entries)
             child.prompt_logprobs.extend(entries)
@@ -342,7 +353,8 @@ class LLMEngine(RequestAdmission):
             if s.sample and s.spec_token_ids:
                 c = self.children[s.req_id]
                 try:
-                    v = self.speculator.verify(s, h, self.runner.compute_logits, c, c.generator or
+                    logits_fn = functools.partial(self._spec_logits, self._lora_slot(s.req_id))
+                    v = self.speculator.verify(s, h, logits_fn, c, c.generator or
                                                self.sampler.generator, self.eos_token_ids, self.structured.mask)
                     if v.ended:
                         self.scheduler.finish_requests(s.req_id, "stop")  # before update_from_output, as below
@@ -361,7 +373,7 @@ class LLMEngine(RequestAdmission):
         if not rows:
             return verified
         try:
-            logits = self.runner.compute_logits(np.stack(rows), per_row=True)
+            logits = self.runner.compute_logits(np.stack(rows), per_row=True, lora_slots=self._lora_rows(ids))
         except Exception as e:
             for rid in ids:
                 self._fail(rid, e, failures)

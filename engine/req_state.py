@@ -87,6 +87,7 @@ class ParentState:
     first_scheduled_time: Optional[float] = None
     grammar: Optional[tuple[str, Any]] = None  # structured outputs: (backend, compiled grammar) its children match
     pooling_params: Optional[Any] = None  # a pooling request's PoolingParams (params is then the engine's own)
+    lora_request: Optional[Any] = None  # its LoRA adapter (lora.LoRARequest), if any
 
     @property
     def num_pending_children(self) -> int:

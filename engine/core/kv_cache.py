@@ -9,7 +9,7 @@ A pool of num_blocks therefore has num_blocks - 1 usable blocks.
 
 Prefix caching (vLLM v1's scheme): every full block of a request's tokens has a chain hash
     h_i = sha256(pickle((h_{i-1}, tuple(block tokens), extra_keys)))
-with h_{-1} a fixed root and extra_keys = (cache_salt,) on the first block when the request has one.
+with h_{-1} a fixed root and extra_keys = (cache_salt, LoRA adapter) on the first block, those the request has.
 A block enters the hash map once its KV is computed (the scheduler calls cache_blocks after each
 step), so a lookup never returns a block that is still being written. A freed block keeps its hash
 (ref 0, still findable) until the pool needs it for something else.
@@ -133,7 +133,7 @@ class KVCacheManager:
         bs = self.block_size
         for i in range(len(hashes), len(tokens) // bs):
             parent = hashes[i - 1] if i else None
-            extra = (request.cache_salt,) if (i == 0 and request.cache_salt is not None) else ()
+            extra = request.hash_extra_keys if i == 0 else ()
             hashes.append(hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs], extra))
         return hashes
 

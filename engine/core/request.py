@@ -54,11 +54,14 @@ class Request:
         max_model_len: context limit; the scheduler sets it at add_request when left None.
         cache_salt: optional string mixed into the first block hash, so that different tenants
             never share prefix-cache blocks.
+        lora_id, lora_name: the request's LoRA adapter (0: none); the scheduler runs at most max_loras
+            adapters in a step, and the adapter is mixed into the first block hash (its KV differs).
     """
 
     def __init__(self, request_id: str, prompt_token_ids: Iterable[int], sampling_params: Any,
                  arrival_time: float | None = None, eos_token_ids: int | Iterable[int] | None = None,
-                 max_model_len: int | None = None, cache_salt: str | None = None):
+                 max_model_len: int | None = None, cache_salt: str | None = None, lora_id: int = 0,
+                 lora_name: str | None = None):
         self.request_id = request_id
         self.prompt_token_ids: list[int] = [int(t) for t in prompt_token_ids]
         if not self.prompt_token_ids:
@@ -71,6 +74,7 @@ class Request:
             eos_token_ids = (eos_token_ids,)
         self.eos_token_ids: tuple[int, ...] = tuple(int(t) for t in eos_token_ids)
         self.cache_salt = cache_salt
+        self.lora_id, self.lora_name = lora_id, lora_name
         self.skip_prefix_cache = False  # computes every prompt position (a pooled request reads them all)
 
         sp = sampling_params
@@ -108,6 +112,12 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
+
+    @property
+    def hash_extra_keys(self) -> tuple:
+        """What the first block's hash mixes in besides its tokens: the cache salt, the LoRA adapter."""
+        keys = () if self.cache_salt is None else (self.cache_salt,)
+        return keys + ((f"lora:{self.lora_id}:{self.lora_name}",) if self.lora_id else ())
 
     @property
     def block_ids(self) -> list[int]:

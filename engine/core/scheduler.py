@@ -45,11 +45,13 @@ class Scheduler:
         long_prefill_token_threshold: > 0 caps the tokens one request gets per step.
         spec_step_rows: speculative drafts ride along only while a step's decoding requests and their drafts stay
             within this many rows (beyond it a CPU step's cost grows with every row: drafts would slow it down).
+        max_loras: most distinct LoRA adapters (Request.lora_id) among running requests; a waiting request of
+            another adapter is passed over (the next ones may run) until one ends. 0: no limit.
     """
 
     def __init__(self, kv_cache_manager: KVCacheManager, *, max_num_batched_tokens: int = 2048,
                  max_num_seqs: int = 128, max_model_len: int, enable_chunked_prefill: bool = True,
-                 long_prefill_token_threshold: int = 0, spec_step_rows: int = 8):
+                 long_prefill_token_threshold: int = 0, spec_step_rows: int = 8, max_loras: int = 0):
         if max_num_batched_tokens < 1 or max_num_seqs < 1 or max_model_len < 1:
             raise ValueError("max_num_batched_tokens, max_num_seqs and max_model_len must be positive")
         if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
@@ -62,6 +64,7 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.spec_step_rows = spec_step_rows
+        self.max_loras = max_loras
         self.requests: dict[str, Request] = {}  # live (waiting or running) requests
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -187,8 +190,13 @@ class Scheduler:
                 budget -= len(spec)
 
         if not preempted:
+            loras = {r.lora_id for r in self.running if r.lora_id}
+            passed_over: list[Request] = []  # waiting for an adapter slot: back at the front, in order, after
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
+                if self.max_loras and req.lora_id and req.lora_id not in loras and len(loras) >= self.max_loras:
+                    passed_over.append(self.waiting.popleft())
+                    continue
                 swapped = self.kv.is_swapped(req)
                 if swapped:  # its KV is in the RAM tier: everything computed stays computed
                     num_hit = req.num_computed_tokens
@@ -217,6 +225,9 @@ class Scheduler:
                     req.num_cached_tokens = num_hit
                 picked.append((req, n, []))
                 budget -= n
+                if req.lora_id:
+                    loras.add(req.lora_id)
+            self.waiting.extendleft(reversed(passed_over))
 
         scheduled = []
         for req, n, spec in picked:

@@ -6,6 +6,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 from engine.args import EngineArgs
 from engine.engine import LLMEngine, PromptType
+from engine.lora.request import LoRARequest
 from engine.outputs import (ClassificationOutput, ClassificationRequestOutput, EmbeddingOutput, EmbeddingRequestOutput,
                             PoolingOutput, PoolingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput)
 from engine.pooling.params import PoolingParams
@@ -34,17 +35,22 @@ class LLM:
 
     def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Runs every prompt to completion (continuously batched); returns outputs in prompt order."""
+                 use_tqdm: bool = True,
+                 lora_request: Union[LoRARequest, Sequence[LoRARequest], None] = None) -> list[RequestOutput]:
+        """Runs every prompt to completion (continuously batched); returns outputs in prompt order. lora_request:
+        one LoRA adapter for every prompt, or one per prompt (None: the base model), as vLLM's."""
         prompts = _as_list(prompts)
         params = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        loras = lora_request if isinstance(lora_request, (list, tuple)) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"got {len(loras)} LoRA requests for {len(prompts)} prompts")
         engine = self.llm_engine
         ids = []
         try:
-            for p, sp in zip(prompts, params):
-                ids.append(engine.add_request(None, p, sp or SamplingParams()))
+            for p, sp, lora in zip(prompts, params, loras):
+                ids.append(engine.add_request(None, p, sp or SamplingParams(), lora_request=lora))
             results: dict[str, RequestOutput] = {}
             bar = _progress(len(ids), use_tqdm)
             while engine.has_unfinished_requests():
@@ -101,11 +107,11 @@ class LLM:
                                      ScoringOutput(cosine(a[i].outputs.embedding, b[j].outputs.embedding)),
                                      a[i].prompt_token_ids + b[j].prompt_token_ids) for i, j in pairs]
 
-    def generate_stream(self, prompt: PromptType, sampling_params: Optional[SamplingParams] = None
-                        ) -> Iterator[RequestOutput]:
+    def generate_stream(self, prompt: PromptType, sampling_params: Optional[SamplingParams] = None,
+                        lora_request: Optional[LoRARequest] = None) -> Iterator[RequestOutput]:
         """One prompt; yields its cumulative RequestOutput after every step that changed it."""
         engine = self.llm_engine
-        rid = engine.add_request(None, prompt, sampling_params or SamplingParams())
+        rid = engine.add_request(None, prompt, sampling_params or SamplingParams(), lora_request=lora_request)
         try:
             done = False
             while not done:
@@ -118,13 +124,14 @@ class LLM:
 
     def chat(self, messages, sampling_params: Optional[SamplingParams] = None, use_tqdm: bool = True,
              chat_template: Optional[str] = None, add_generation_prompt: bool = True, tools=None,
-             chat_template_kwargs: Optional[dict] = None) -> list[RequestOutput]:
+             chat_template_kwargs: Optional[dict] = None,
+             lora_request: Union[LoRARequest, Sequence[LoRARequest], None] = None) -> list[RequestOutput]:
         """messages: one conversation (list of {'role', 'content'}) or a list of them; tools (OpenAI function
         tools) and chat_template_kwargs (enable_thinking, ...) go to the chat template, as in vLLM."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [self._chat_prompt(c, chat_template, add_generation_prompt, tools, chat_template_kwargs)
                    for c in convs]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def _chat_prompt(self, conversation, chat_template=None, add_generation_prompt=True, tools=None,
                      template_kwargs=None) -> dict:

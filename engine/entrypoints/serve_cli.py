@@ -54,9 +54,29 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     p.add_argument("--disable-access-log", action="store_true", help="do not log every request")
+    p.add_argument("--lora-modules", nargs="+", type=_lora_module, default=None, metavar="NAME=PATH",
+                   help='LoRA adapters served under their own model names (vLLM\'s flag): name=path, or JSON '
+                        '{"name": ..., "path": ..., "base_model_name": ...}; needs --enable-lora')
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the startup request that compiles the kernels before /health says ready")
     EngineArgs.add_cli_args(p)
+
+
+def _lora_module(text: str) -> dict:
+    """--lora-modules' entry: name=path, or vLLM's JSON form."""
+    import json
+    if text.lstrip().startswith("{"):
+        try:
+            spec = json.loads(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+        if not isinstance(spec, dict) or not spec.get("name") or not spec.get("path"):
+            raise argparse.ArgumentTypeError(f"{text}: needs a name and a path")
+        return {"name": str(spec["name"]), "path": str(spec["path"]), "base_model_name": spec.get("base_model_name")}
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not name=path")
+    return {"name": name, "path": path, "base_model_name": None}
 
 
 def _positive_int(text: str) -> int:
@@ -131,9 +151,17 @@ def run_serve(ns: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     args = EngineArgs.from_cli_args(ns)
+    if ns.lora_modules and not args.enable_lora:
+        print("ramlm serve: --lora-modules needs --enable-lora", file=sys.stderr)
+        return 2
+    from engine.lora.request import LoRARequest
+    loras = {m["name"]: LoRARequest(m["name"], i + 1, m["path"], m["base_model_name"])
+             for i, m in enumerate(ns.lora_modules or ())}
 
     def make_engine() -> LLMEngine:  # on the engine thread, where all its kernels will run
         llm_engine = LLMEngine(args)
+        for lora in loras.values():  # a bad adapter stops the server before it opens its port
+            llm_engine.check_lora(lora)
         llm_engine.import_torch_now()  # 1.5-3 s now rather than a GIL fight with the first requests' decode steps
         if not ns.no_warmup:
             _warmup(llm_engine)
@@ -147,7 +175,8 @@ def run_serve(ns: argparse.Namespace) -> int:
                      on_aborted=metrics.on_aborted)
     state = ServerState(engine=engine, model_names=list(names), model_path=llm_engine.model_path, metrics=metrics,
                         trust_request_chat_template=ns.trust_request_chat_template,
-                        templates=TemplateRenderer(timeout_s=ns.chat_template_timeout), tools=tools)
+                        templates=TemplateRenderer(timeout_s=ns.chat_template_timeout), tools=tools,
+                        lora_modules=loras)
     api_key = ns.api_key or envs.get("RAMLM_API_KEY") or None
     app = build_app(state, api_key=api_key, max_body_bytes=ns.max_request_body_bytes,
                     body_timeout_s=ns.timeout_request_body)

@@ -44,9 +44,12 @@ class DecoderModel:
         ple = arch.per_layer_embedding(config)
         self.per_layer = PerLayerEmbeddings(ple, ws, config, batch_invariant) if ple is not None else None
         self.layer_groups = layer_groups(self.kv_layout)  # each layer's cache group (its block tables)
+        self.lora_embed = self.lora_head = None  # lora/slots.SlotWeights once an adapter adapts them
 
-    def embed_tokens(self, input_ids: np.ndarray) -> np.ndarray:
+    def embed_tokens(self, input_ids: np.ndarray, lora_slots: np.ndarray | None = None) -> np.ndarray:
         x = self.embed.weight.embed(np.ascontiguousarray(input_ids, dtype=np.int64))
+        if self.lora_embed is not None and lora_slots is not None:  # scaled with the embedding, as PEFT does
+            self.lora_embed.add_embedding(input_ids, x, lora_slots)
         if self.arch.embed_scale:
             # HF casts the normalizer to the activation dtype (fp32 here) before multiplying.
             x *= np.float32(math.sqrt(self.config.hidden_size))
@@ -54,8 +57,8 @@ class DecoderModel:
 
     def forward(self, meta: BatchMetadata, kv_caches: list) -> np.ndarray:
         """Runs all blocks over the flattened batch; returns hidden states (T, H) before the final norm."""
-        x = self.embed_tokens(meta.input_ids)
-        meta = dataclasses.replace(meta, rows=RowGroups(meta.query_start_loc, self.prefill_dtype))
+        x = self.embed_tokens(meta.input_ids, meta.lora_slots)
+        meta = dataclasses.replace(meta, rows=RowGroups(meta.query_start_loc, self.prefill_dtype, meta.lora_slots))
         if self.per_layer is not None:  # every layer's share, once per token
             meta.step_cache[STEP_KEY] = self.per_layer(meta.input_ids, x, meta.rows)
         views = meta.group_views()  # a batch with one table (no group_tables) serves every group
@@ -63,11 +66,15 @@ class DecoderModel:
             x = block(x, views[g] if g < len(views) else meta, kv_caches[src])
         return x
 
-    def compute_logits(self, hidden: np.ndarray, per_row: bool = False) -> np.ndarray:
+    def compute_logits(self, hidden: np.ndarray, per_row: bool = False,
+                       lora_slots: np.ndarray | None = None) -> np.ndarray:
         """hidden (R, H) -> logits (R, vocab) float32. per_row: the rows come from different sequences
-        (one sampled row each), so each runs the M = 1 kernel and its logits do not depend on the batch."""
+        (one sampled row each), so each runs the M = 1 kernel and its logits do not depend on the batch.
+        lora_slots: (R,) int32 each row's adapter slot (-1: none), for an adapter of the output matrix."""
         h = self.final_norm(np.ascontiguousarray(hidden, dtype=np.float32))
         logits = self.lm_head(h, per_row=per_row)
+        if self.lora_head is not None and lora_slots is not None:
+            self.lora_head.add(h, logits, lora_slots)
         if self.config.final_logit_softcap:
             activations.softcap(logits, self.config.final_logit_softcap)
         return logits

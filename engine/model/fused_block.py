@@ -71,9 +71,10 @@ class FusedBlock:
 
     @staticmethod
     def _step_qualifies(x: np.ndarray, rows) -> bool:
-        """Every Linear of the step would run its GEMV (Linear._matmul): no long prefill chunk among the rows."""
+        """Every Linear of the step would run its GEMV (Linear._matmul): no long prefill chunk among the rows, and no
+        row with a LoRA adapter (its updates run beside the Linears)."""
         if rows is not None and rows.applies_to(x):
-            return not rows.large
+            return not rows.large and rows.lora_slots is None
         return x.shape[0] <= GEMV_MAX_M
 
     def _current_leaves(self) -> tuple:

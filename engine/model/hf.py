@@ -56,10 +56,10 @@ LAYER_MAP = {
 # architecture adds its own (Architecture.hf_special_map).
 SPECIAL_MAP = {"mlp.gate.e_score_correction_bias": "exp_probs_b.bias", "self_attn.sinks": "attn_sinks.weight"}
 _SPECIAL_RE = re.compile(r"model\.layers\.(\d+)\.(.+)$")
-_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 _EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 _FUSED_EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj$")
-_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
              ("language_model.lm_head.", "lm_head."))
 
 
@@ -167,7 +167,7 @@ class HFWeights(WeightSource):
         for f in self._files:
             for name in f.entries:
                 hf = name
-                for old, new in _PREFIXES:
+                for old, new in PREFIXES:
                     if hf.startswith(old):
                         hf = new + hf[len(old):]
                 hf = self.arch.hf_rename(hf, c)
@@ -194,9 +194,9 @@ class HFWeights(WeightSource):
                 experts.setdefault((int(m[1]), m[3]), {})[int(m[2])] = src
             elif m := _FUSED_EXPERT_RE.match(hf):
                 self._add_fused_experts(int(m[1]), m[2], src)
-            elif (m := _LAYER_RE.match(hf)) and (parts := self.arch.hf_split(c, f"{m[2]}.{m[3]}")):
+            elif (m := LAYER_RE.match(hf)) and (parts := self.arch.hf_split(c, f"{m[2]}.{m[3]}")):
                 self._add_split(int(m[1]), parts, src)
-            elif (m := _LAYER_RE.match(hf)) and m[2] in layer_map:
+            elif (m := LAYER_RE.match(hf)) and m[2] in layer_map:
                 self._add(f"blk.{m[1]}.{layer_map[m[2]]}.{m[3]}", c, src)
             elif (m := _SPECIAL_RE.match(hf)) and m[2] in special:
                 self._add(f"blk.{m[1]}.{special[m[2]]}", c, src)

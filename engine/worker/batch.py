@@ -29,6 +29,7 @@ class BatchMetadata:
     snap_rows        (S,) int32   copy the states after this many of the sequence's rows (0: none) ...
     snap_slots       (S,) int32   ... into this slot (a prefix-cache checkpoint at a block boundary)
     rows             RowGroups    which kernels the Linears run on which rows (set by DecoderModel.forward)
+    lora_slots       (T,) int32   each row's LoRA adapter slot (-1: the base model), or None: no adapted row
     """
     input_ids: np.ndarray
     positions: np.ndarray
@@ -42,6 +43,7 @@ class BatchMetadata:
     snap_slots: np.ndarray | None = None
     rows: "RowGroups | None" = None
     group_tables: tuple = ()
+    lora_slots: np.ndarray | None = None
 
     def group_views(self) -> list["BatchMetadata"]:
         """One view per cache group (core/kv_spec.cache_groups): group 0 is this batch; group g reads its own block
@@ -79,8 +81,10 @@ class RowGroups:
     groups (decodes, small chunks) all run the per-row GEMV kernel, and each long prefill chunk takes the dense
     path on its own rows only. DecoderModel.forward puts it in BatchMetadata.rows for the layers' Linears."""
 
-    def __init__(self, query_start_loc: np.ndarray | None = None, dense_dtype: str = "auto"):
+    def __init__(self, query_start_loc: np.ndarray | None = None, dense_dtype: str = "auto",
+                 lora_slots: np.ndarray | None = None):
         self.dense_dtype = dense_dtype  # precision of the long chunks' dense path (QuantLinear.DENSE_DTYPES)
+        self.lora_slots = lora_slots  # (T,) int32 adapter slot per row (-1: none), or None (engine/lora)
         self.num_rows = -1
         self.small = None
         self.large: list[tuple[int, int]] = []

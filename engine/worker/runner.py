@@ -26,6 +26,7 @@ class SeqChunk:
     state_slot: int = 0            # linear-attention layers: the sequence's state slot
     snapshot: tuple[int, int] = ()  # (rows, slot): copy the states after that many of token_ids into slot
     group_block_ids: tuple[tuple[int, ...], ...] = ()  # cache groups 1..'s tables; () = block_ids serves them all
+    lora_slot: int = -1            # the slot of the sequence's LoRA adapter (engine/lora), -1: none
 
 
 def layer_cache(layer: LayerKV, num_blocks: int, block_size: int, kv_cache_dtype: str) -> tuple[np.ndarray, np.ndarray]:
@@ -128,12 +129,16 @@ class ModelRunner:
             qsl.append(row0 + n)
             lens.append(end)
         tables, slots = self._group_table(chunks, 0, pos)
+        lora_slots = None
+        if any(c.lora_slot >= 0 for c in chunks):
+            lora_slots = np.concatenate([np.full(len(c.token_ids), c.lora_slot, np.int32) for c in chunks])
         return BatchMetadata(
             input_ids=np.concatenate(ids), positions=np.concatenate(pos),
             query_start_loc=np.asarray(qsl, dtype=np.int32), seq_lens=np.asarray(lens, dtype=np.int32),
             block_tables=tables, slot_mapping=slots, logits_indices=np.asarray(logit_rows, dtype=np.int64),
             state_slots=state_slots, snap_rows=snap_rows, snap_slots=snap_slots,
-            group_tables=tuple(self._group_table(chunks, g, pos) for g in range(1, len(self.groups))))
+            group_tables=tuple(self._group_table(chunks, g, pos) for g in range(1, len(self.groups))),
+            lora_slots=lora_slots)
 
     def _check_states(self, state_slots, snap_rows, snap_slots) -> None:
         """Each sequence its own slot, snapshots into other slots: the kernels write them from parallel units."""
@@ -157,9 +162,11 @@ class ModelRunner:
             r += k
         return out
 
-    def compute_logits(self, hidden_rows: np.ndarray, per_row: bool = False) -> np.ndarray:
+    def compute_logits(self, hidden_rows: np.ndarray, per_row: bool = False,
+                       lora_slots: np.ndarray | None = None) -> np.ndarray:
+        """lora_slots: (R,) int32 each row's adapter slot (-1: none), or None."""
         with small_pages():
-            return self.model.compute_logits(hidden_rows, per_row=per_row)
+            return self.model.compute_logits(hidden_rows, per_row=per_row, lora_slots=lora_slots)
 
     def execute(self, chunks: list[SeqChunk]) -> list[np.ndarray | None]:
         """Runs one forward pass; returns per chunk its logits rows (1 or n rows) or None."""

@@ -155,7 +155,7 @@ async def create_message(body: MessagesRequest, request: Request):
     ids = await _render(st, body, tp)
     st.check_length(len(ids), body.max_tokens, "messages")
     mid = f"msg_{uuid.uuid4().hex[:24]}"
-    added, streams = await unless_disconnected(request, add_requests(st, mid, [(None, ids)], params))
+    added, streams = await unless_disconnected(request, add_requests(st, mid, [(None, ids)], params, model))
     if not added:
         return Response(status_code=499)
     if body.stream:

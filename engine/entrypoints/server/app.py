@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import engine
 from engine.async_engine import EngineDeadError, EngineStepError
-from engine.entrypoints.server import anthropic, embeddings, openai, openai_responses, openapi
+from engine.entrypoints.server import anthropic, embeddings, lora_routes, openai, openai_responses, openapi
 from engine.entrypoints.server.errors import APIError, api_error_response, bad_request, error_response, \
     internal_error_message
 from engine.entrypoints.server.guard import OPEN_PATHS, GuardMiddleware
@@ -95,6 +95,7 @@ def build_app(state: ServerState, api_key: str | None = None, max_body_bytes: in
     app.include_router(anthropic.router)
     app.include_router(openai_responses.router)
     app.include_router(embeddings.router)
+    app.include_router(lora_routes.router)
 
     @app.get("/health", response_class=Response,
              responses=openapi.no_content("The engine is running.", "The engine is not running."))
@@ -115,7 +116,7 @@ def build_app(state: ServerState, api_key: str | None = None, max_body_bytes: in
     @app.get("/v1/models", response_model=ModelList, responses=openapi.errors(401))
     async def models(request: Request):
         st = state_of(request)
-        return {"object": "list", "data": [_model_card(st, name) for name in st.model_names]}
+        return {"object": "list", "data": [_model_card(st, name) for name in [*st.model_names, *st.lora_modules]]}
 
     @app.get("/v1/models/{name:path}", response_model=ModelCard, responses=openapi.errors(401, 404))
     async def model(name: str, request: Request):
@@ -161,5 +162,9 @@ def _detokenize(tokenizer, tokens: list[int]) -> str:
 
 
 def _model_card(st: ServerState, name: str) -> dict:
+    lora = st.lora_modules.get(name)
+    if lora is not None:  # vLLM's card of an adapter: its path as root, the base model as parent
+        return {"id": name, "object": "model", "created": st.created, "owned_by": "ramlm", "root": lora.lora_path,
+                "parent": lora.base_model_name or st.model_names[0], "max_model_len": st.max_model_len}
     return {"id": name, "object": "model", "created": st.created, "owned_by": "ramlm", "root": st.model_names[0],
             "parent": None, "max_model_len": st.max_model_len}

@@ -34,7 +34,7 @@ async def create_embedding(body: EmbeddingRequest, request: Request):
         raise bad_request(str(e), "dimensions") from e
     prompts = await _inputs(st, body)
     rid = f"embd-{uuid.uuid4().hex}"
-    vecs = await pooled(request, st, rid, prompts, params)
+    vecs = await pooled(request, st, rid, prompts, params, model)
     if vecs is None:
         return Response(status_code=499)
     data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
@@ -69,9 +69,11 @@ async def _token_ids(st, x, special: bool, k, field: str) -> list[tuple[None, li
     return [(None, p) for p in ids]
 
 
-async def pooled(request: Request, st, rid: str, prompts, params: PoolingParams) -> list[np.ndarray] | None:
-    """Each prompt's pooled output, the prompts run as one engine request each (None: the client left)."""
-    added, streams = await unless_disconnected(request, add_requests(st, rid, prompts, params))
+async def pooled(request: Request, st, rid: str, prompts, params: PoolingParams,
+                 model: str | None = None) -> list[np.ndarray] | None:
+    """Each prompt's pooled output, the prompts run as one engine request each (None: the client left); model: the
+    served name asked for (a LoRA adapter's runs with it)."""
+    added, streams = await unless_disconnected(request, add_requests(st, rid, prompts, params, model))
     if not added:
         return None
     completed, finals = await unless_disconnected(request, collect(streams))
@@ -90,7 +92,7 @@ async def create_score(body: ScoreRequest, request: Request):
     except ValueError as e:
         raise bad_request(str(e), "text_1") from e
     rid = f"score-{uuid.uuid4().hex}"
-    vecs = await pooled(request, st, rid, first + second, PoolingParams(normalize=True))
+    vecs = await pooled(request, st, rid, first + second, PoolingParams(normalize=True), model)
     if vecs is None:
         return Response(status_code=499)
     data = [{"index": n, "object": "score", "score": cosine(vecs[i], vecs[len(first) + j])}
@@ -109,7 +111,7 @@ async def create_rerank(body: RerankRequest, request: Request):
     query = await _token_ids(st, body.query, True, body.truncate_prompt_tokens, "query")
     docs = await _token_ids(st, body.documents, True, body.truncate_prompt_tokens, "documents")
     rid = f"rerank-{uuid.uuid4().hex}"
-    vecs = await pooled(request, st, rid, query + docs, PoolingParams(normalize=True))
+    vecs = await pooled(request, st, rid, query + docs, PoolingParams(normalize=True), model)
     if vecs is None:
         return Response(status_code=499)
     scores = [cosine(vecs[0], v) for v in vecs[1:]]
@@ -129,7 +131,7 @@ async def create_classification(body: ClassificationRequest, request: Request):
     model = st.check_model(body.model)
     prompts = await _token_ids(st, body.input, True, body.truncate_prompt_tokens, "input")
     rid = f"classify-{uuid.uuid4().hex}"
-    probs = await pooled(request, st, rid, prompts, PoolingParams(task="classify"))
+    probs = await pooled(request, st, rid, prompts, PoolingParams(task="classify"), model)
     if probs is None:
         return Response(status_code=499)
     labels = st.engine.engine.pooling.class_labels

@@ -53,7 +53,7 @@ async def create_completion(body: CompletionRequest, request: Request):
     for _, ids in prompts:
         st.check_length(len(ids), body.max_tokens, "prompt")
     rid = f"cmpl-{uuid.uuid4().hex}"
-    added, streams = await unless_disconnected(request, add_requests(st, rid, prompts, params))
+    added, streams = await unless_disconnected(request, add_requests(st, rid, prompts, params, model))
     if not added:
         return Response(status_code=499)
     created = int(time.time())
@@ -187,7 +187,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
                                   body.chat_template_kwargs, body.chat_template, tp.template_tools)
     st.check_length(len(ids), body.requested_max_tokens, "messages")
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    added, streams = await unless_disconnected(request, add_requests(st, rid, [(None, ids)], params))
+    added, streams = await unless_disconnected(request, add_requests(st, rid, [(None, ids)], params, model))
     if not added:
         return Response(status_code=499)
     created = int(time.time())

@@ -54,7 +54,7 @@ async def create_response(body: ResponsesRequest, request: Request):
     _, ids = await st.render_chat(messages, template_kwargs=body.template_kwargs(), tools=tp.template_tools)
     st.check_length(len(ids), body.max_output_tokens, "input")
     rid = _item_id("resp")
-    added, streams = await unless_disconnected(request, add_requests(st, rid, [(None, ids)], params))
+    added, streams = await unless_disconnected(request, add_requests(st, rid, [(None, ids)], params, model))
     if not added:
         return Response(status_code=499)
     shell = _Shell(st, body, model, rid, int(time.time()), len(ids))

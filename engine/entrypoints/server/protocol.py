@@ -433,3 +433,16 @@ class ClassificationRequest(_Body):
     model: Optional[str] = None
     input: Union[str, list[str], list[TokenId], list[list[TokenId]]]
     truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
+
+
+class LoadLoRAAdapterRequest(_Body):
+    """vLLM's POST /v1/load_lora_adapter."""
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+    load_inplace: bool = False  # replace an adapter of the same name
+
+
+class UnloadLoRAAdapterRequest(_Body):
+    """vLLM's POST /v1/unload_lora_adapter."""
+    lora_name: str = Field(min_length=1)
+    lora_int_id: Optional[int] = None

@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence
 from fastapi import Request
 
 from engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineStepError, RequestStream
+from engine.lora.request import LoRARequest
 from engine.sample.sampling import SamplingParams
 from engine.entrypoints.server.errors import APIError, bad_request, error_body, internal_error_message, \
     param_of_value_error
@@ -49,6 +50,7 @@ class ServerState:
     templates: renders chat templates in worker processes, with a time limit.
     tokenizer_pool: threads that tokenize and detokenize, so that big prompts do not stall the event loop.
     tools: the tool-call and reasoning parsers (--tool-call-parser, --reasoning-parser, ...).
+    lora_modules: LoRA adapters a request's `model` names (--lora-modules, /v1/load_lora_adapter).
     """
     engine: AsyncLLMEngine
     model_names: list[str]
@@ -59,6 +61,12 @@ class ServerState:
     templates: TemplateRenderer = field(default_factory=TemplateRenderer)
     tokenizer_pool: ThreadPoolExecutor = field(default_factory=_tokenizer_pool)
     tools: ToolConfig = field(default_factory=ToolConfig)
+    lora_modules: dict[str, LoRARequest] = field(default_factory=dict)  # served adapters by name
+
+    def next_lora_id(self) -> int:
+        """A lora_int_id no adapter of this server had (ids are never reused: the prefix cache keys blocks by them)."""
+        self._lora_ids = max([getattr(self, "_lora_ids", 0), *(r.lora_int_id for r in self.lora_modules.values())]) + 1
+        return self._lora_ids
 
     @property
     def tokenizer(self):
@@ -76,11 +84,12 @@ class ServerState:
 
     def check_model(self, name: Optional[str]) -> str:
         """The served name to report; 404 for a model this server does not serve (None = the default)."""
-        if name is None or name == "" or name in self.model_names:
+        if name is None or name == "" or name in self.model_names or name in self.lora_modules:
             return name or self.model_names[0]
         if name == self.model_path:
             return self.model_names[0]
-        raise APIError(404, f"The model `{name}` does not exist. This server serves: {', '.join(self.model_names)}.",
+        served = ", ".join([*self.model_names, *self.lora_modules])
+        raise APIError(404, f"The model `{name}` does not exist. This server serves: {served}.",
                        param="model", code="model_not_found")
 
     def check_length(self, num_prompt: int, max_tokens: Optional[int], what: str) -> None:
@@ -154,9 +163,11 @@ def sampling_params(make: Callable[[], SamplingParams]) -> SamplingParams:
 
 
 async def add_requests(st: ServerState, base_id: str, prompts: Sequence[tuple[Optional[str], list[int]]],
-                       params: SamplingParams) -> list[RequestStream]:
+                       params: SamplingParams, model: Optional[str] = None) -> list[RequestStream]:
     """One engine request per prompt, all or nothing: each is checked as the engine would before any is
-    queued, then all are queued at once (a rejected or cancelled one aborts the others)."""
+    queued, then all are queued at once (a rejected or cancelled one aborts the others). model: the served name
+    the request asked for (a LoRA adapter's runs with it)."""
+    lora = st.lora_modules.get(model) if model else None
     try:
         await st.off_loop(_validate_all, st.engine, prompts, params)
     except (ValueError, TypeError) as e:
@@ -165,7 +176,8 @@ async def add_requests(st: ServerState, base_id: str, prompts: Sequence[tuple[Op
     for i, (text, ids) in enumerate(prompts):
         rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
         p = params.clone() if len(prompts) > 1 else params
-        adds.append(asyncio.ensure_future(st.engine.add_request(rid, {"prompt": text, "prompt_token_ids": ids}, p)))
+        adds.append(asyncio.ensure_future(st.engine.add_request(rid, {"prompt": text, "prompt_token_ids": ids}, p,
+                                                                lora_request=lora)))
     try:
         await asyncio.wait(adds)
     except BaseException:  # cancelled (the client left): nothing may stay queued

@@ -27,6 +27,8 @@ class Linear:
 
     def __init__(self, ws, name: str, bias: str | None = None, batch_invariant: bool = False):
         info = ws.info(name)
+        self.name = name  # the GGUF weight (LoRA adapters name what they adapt by it)
+        self.lora = None  # lora/slots.SlotWeights once an adapter adapts this weight
         n, k = info.shape[-2], info.shape[-1]
         self.in_perm = ws.in_perm(name)  # act-order weights store their inputs in this order
         self.weight = QuantLinear.from_raw(info.ggml_type, ws.raw(name), (n, k))
@@ -40,6 +42,7 @@ class Linear:
            in_perm: np.ndarray | None = None) -> "Linear":
         self = cls.__new__(cls)
         self.weight, self.bias, self.batch_invariant, self.in_perm = weight, bias, batch_invariant, in_perm
+        self.name, self.lora = None, None
         return self
 
     @property
@@ -48,17 +51,22 @@ class Linear:
 
     def __call__(self, x: np.ndarray, rows=None, per_row: bool = False, scratch: np.ndarray | None = None,
                  dense_dtype: str | None = None):
-        """rows: the batch's RowGroups (None: x is not the batch's rows, e.g. one expert's). per_row: every row
+        """rows: the batch's RowGroups (with its rows' LoRA slots, which add this weight's adapter updates) (None: x is not the batch's rows, e.g. one expert's). per_row: every row
         runs the M = 1 kernel (rows of different sequences, e.g. sampled rows). scratch: f32 (T, N) the result of a
         long prefill chunk may be written into (the caller's own buffer). dense_dtype: for rows that are not the
         batch's, the dense path's precision (default float32; MoE experts pass the model's, so that the formats'
         fastest prefill kernels run)."""
+        x_in = x
         if self.in_perm is not None:
             x = np.take(x, self.in_perm, axis=-1)
         if self.weight.nbytes * x.shape[0] >= serial_work():
-            return self._matmul(x, rows, per_row, scratch, dense_dtype)  # common: no thread-count switch to enter
-        with serial_if(True):
-            return self._matmul(x, rows, per_row, scratch, dense_dtype)
+            y = self._matmul(x, rows, per_row, scratch, dense_dtype)  # common: no thread-count switch to enter
+        else:
+            with serial_if(True):
+                y = self._matmul(x, rows, per_row, scratch, dense_dtype)
+        if self.lora is not None:
+            add_lora(self.lora, x_in, y, rows)
+        return y
 
     def _matmul(self, x: np.ndarray, rows, per_row: bool, scratch: np.ndarray | None = None,
                 dense_dtype: str | None = None) -> np.ndarray:
@@ -79,6 +87,13 @@ class Linear:
         if self.bias is not None:
             y += self.bias
         return y
+
+
+def add_lora(lora, x: np.ndarray, y: np.ndarray, rows, col0: int = 0) -> None:
+    """Adds the adapters' updates of the rows that have one (rows.lora_slots) to y's columns from col0."""
+    slots = getattr(rows, "lora_slots", None)
+    if slots is not None and rows.applies_to(x):
+        lora.add(x, y, slots, col0)
 
 
 # glibc serves requests up to 32 MiB from its heap and reuses them; larger ones are fresh mappings, faulted in page
@@ -160,7 +175,9 @@ class Projections:
             return None
         # only one long chunk alone writes into scratch (Linear._matmul): no buffer for the others
         one_chunk = rows is not None and rows.applies_to(x) and len(rows.large) == 1 and not rows.small.size
-        return lin(x, rows, scratch=big_scratch((x.shape[0], lin.out_features)) if one_chunk else None)
+        y = lin(x, rows, scratch=big_scratch((x.shape[0], lin.out_features)) if one_chunk else None)
+        self._add_lora(x, y, rows, spans)
+        return y
 
     def columns(self, x: np.ndarray, rows) -> list[tuple[np.ndarray, int]]:
         """Per part, (the C-contiguous output holding it, its first column): no copies of stacked parts."""
@@ -169,6 +186,14 @@ class Projections:
         out = [None] * len(self.parts)
         for lin, spans in self.groups:
             y = lin(x, rows)
+            if lin is not self.parts[spans[0][0]]:  # a part alone is its own Linear, which added its updates
+                self._add_lora(x, y, rows, spans)
             for i, lo, _hi in spans:
                 out[i] = (y, lo)
         return out
+
+    def _add_lora(self, x: np.ndarray, y: np.ndarray, rows, spans) -> None:
+        """Each stacked part's adapter updates, into its columns of the stacked output."""
+        for i, lo, _hi in spans:
+            if self.parts[i].lora is not None:
+                add_lora(self.parts[i].lora, x, y, rows, lo)
