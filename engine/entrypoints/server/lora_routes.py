@@ -3,7 +3,7 @@ before its name is served) and /v1/unload_lora_adapter; plain-text answers, erro
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 
 from engine.entrypoints.server import openapi
 from engine.entrypoints.server.errors import APIError, bad_request
@@ -19,8 +19,9 @@ def _check_enabled(st: ServerState) -> None:
         raise bad_request("LoRA is not enabled on this server (start it with --enable-lora)", "lora_name")
 
 
-@router.post("/v1/load_lora_adapter", response_class=PlainTextResponse,
-             responses=openapi.errors(*openapi.REQUEST_ERRORS))
+@router.post("/v1/load_lora_adapter", response_class=Response,
+             responses={**openapi.plain_text("The adapter was read, checked and is served under its name."),
+                        **openapi.errors(400, 401, 413)})
 async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request):
     st = state_of(request)
     _check_enabled(st)
@@ -41,8 +42,9 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request):
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
 
-@router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse,
-             responses=openapi.errors(*openapi.REQUEST_ERRORS))
+@router.post("/v1/unload_lora_adapter", response_class=Response,
+             responses={**openapi.plain_text("The adapter is no longer served."), **openapi.errors(400, 401, 413),
+                        404: {"model": openapi.ErrorResponse, "description": "No adapter of that name is served."}})
 async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request):
     st = state_of(request)
     _check_enabled(st)

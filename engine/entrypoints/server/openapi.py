@@ -31,6 +31,12 @@ METRICS = {200: {"description": "The Prometheus text format; OpenMetrics when th
                               "application/openmetrics-text": {"schema": {"type": "string"}}}}}
 
 
+
+def plain_text(description: str) -> dict:
+    """A 200 response of plain text (vLLM's answers of the LoRA endpoints)."""
+    return {200: {"description": description, "content": {"text/plain": {"schema": {"type": "string"}}}}}
+
+
 def errors(*codes: int, anthropic: bool = False) -> dict:
     """The `responses` entries of these status codes, in OpenAI's or Anthropic's error shape."""
     model = AnthropicErrorResponse if anthropic else ErrorResponse

@@ -68,7 +68,7 @@ class FakeEngine:
         if len(ids) > self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens, more than max_model_len ({self.max_model_len})")
 
-    def add_request(self, rid, prompt, params):
+    def add_request(self, rid, prompt, params, lora_request=None):
         self._seen()
         rid = rid if rid is not None else f"auto-{len(self.aborted) + self.steps}-{len(self.requests)}"
         ids = prompt["prompt_token_ids"] if isinstance(prompt, dict) else self.tokenizer.encode(prompt)
