@@ -7,51 +7,59 @@ other rows (DESIGN.md's batch invariance). Scales are folded into B when an adap
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
-_COLS = 512  # output columns per parallel unit of the expand
+from cpu_kernels.activations import bits_to_f32
 
+
+def _value(v):
+    """A weight as float32: float32 as it is, bfloat16 bits (uint16) widened."""
+
+
+@overload(_value)
+def _value_impl(v):
+    if v == types.float32:
+        return lambda v: v
+    if v == types.uint16:
+        return lambda v: bits_to_f32(np.uint32(v) << np.uint32(16))
+    return None
 
 @njit(cache=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
-def lora_add(x, a, b, ranks, slots, y, col0):
+def lora_add(x, a, b, ranks, slots, order, y, col0):
     """y[t, col0:col0 + N] += (A[s] @ x[t]) @ B[s] for s = slots[t] >= 0.
 
-    x (T, K) f32, a (S, R, K) f32, b (S, R, N) f32 (B transposed, scaled), ranks (S,) int32 (0: the slot's adapter
-    has no update here), slots (T,) int32, y (T, >= col0 + N) f32 C-contiguous, updated in place.
+    x (T, K) f32, a (S, R, K), b (S, R, N) (B transposed, scaled) float32 or bfloat16 bits (uint16), ranks (S,) int32 (0: the slot's adapter
+    has no update here), slots (T,) int32, order (T,) int64 the rows sorted by slot, y (T, >= col0 + N) f32
+    C-contiguous, updated in place. One parallel unit per row, taken in `order`: a thread's share of the rows is
+    whole adapters, so each adapter's A and B are read from memory once, by one thread.
     """
     T, K = x.shape
     R, N = a.shape[1], b.shape[2]
-    h = np.zeros((T, R), np.float32)
-    for t in prange(T):
+    for i in prange(T):
+        t = order[i]
         s = slots[t]
-        if s < 0:
+        if s < 0 or ranks[s] == 0:
             continue
+        h = np.empty(R, np.float32)
         for j in range(ranks[s]):
             acc = np.float32(0.0)
             for k in range(K):
-                acc += a[s, j, k] * x[t, k]
-            h[t, j] = acc
-    chunks = (N + _COLS - 1) // _COLS
-    for unit in prange(T * chunks):
-        t = unit // chunks
-        s = slots[t]
-        if s < 0:
-            continue
-        lo = (unit % chunks) * _COLS
-        hi = min(N, lo + _COLS)
-        out = y[t, col0 + lo:col0 + hi]
+                acc += _value(a[s, j, k]) * x[t, k]
+            h[j] = acc
+        out = y[t, col0:col0 + N]
         for j in range(ranks[s]):
-            hj = h[t, j]
-            row = b[s, j, lo:hi]
-            for n in range(hi - lo):
-                out[n] += hj * row[n]
+            hj = h[j]
+            row = b[s, j]
+            for n in range(N):
+                out[n] += hj * _value(row[n])
 
 
 @njit(cache=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
 def lora_embed_add(ids, a, b, ranks, slots, x):
     """x[t] += A[s][ids[t]] @ B[s] for s = slots[t] >= 0 (an embedding's update: A's row of the token).
 
-    ids (T,) int64, a (S, V, R) f32, b (S, R, H) f32 (scaled), ranks (S,) int32, slots (T,) int32, x (T, H) f32.
+    ids (T,) int64, a (S, V, R), b (S, R, H) (scaled) float32 or bfloat16 bits, ranks (S,) int32, slots (T,) int32, x (T, H) f32.
     """
     T, H = x.shape
     for t in prange(T):
@@ -59,16 +67,16 @@ def lora_embed_add(ids, a, b, ranks, slots, x):
         if s < 0:
             continue
         for j in range(ranks[s]):
-            aj = a[s, ids[t], j]
+            aj = _value(a[s, ids[t], j])
             for n in range(H):
-                x[t, n] += aj * b[s, j, n]
+                x[t, n] += aj * _value(b[s, j, n])
 
 
-def warmup() -> None:
-    """Compiles (or loads) both kernels for the types the model passes."""
+def warmup(dtype=np.float32) -> None:
+    """Compiles (or loads) both kernels for the types the model passes (weights of `dtype`: float32 or uint16)."""
     x = np.ones((3, 8), np.float32)
-    a, b = np.ones((2, 4, 8), np.float32), np.ones((2, 4, 6), np.float32)
+    a, b = np.ones((2, 4, 8), dtype), np.ones((2, 4, 6), dtype)
     ranks, slots = np.array([4, 0], np.int32), np.array([0, -1, 1], np.int32)
-    lora_add(x, a, b, ranks, slots, np.zeros((3, 10), np.float32), 2)
-    lora_embed_add(np.array([1, 2, 3], np.int64), np.ones((2, 8, 4), np.float32), b, ranks, slots,
+    lora_add(x, a, b, ranks, slots, np.argsort(slots, kind="stable"), np.zeros((3, 10), np.float32), 2)
+    lora_embed_add(np.array([1, 2, 3], np.int64), np.ones((2, 8, 4), dtype), b, ranks, slots,
                    np.zeros((3, 6), np.float32))

@@ -57,6 +57,9 @@ class EngineArgs:
         "most distinct LoRA adapters in one step (vLLM's); requests of another adapter wait for a free one"))
     max_lora_rank: int = field(default=16, metadata=_meta(
         "largest LoRA rank accepted (vLLM's); an adapter of higher rank is refused"))
+    lora_dtype: str = field(default="auto", metadata=_meta(
+        "LoRA weights' type in the slots the kernels read (vLLM's lora_dtype): float32, bfloat16 (half the bytes a "
+        "step reads), or auto: float32 with dtype float32, else bfloat16", choices=("auto", "float32", "bfloat16")))
     max_cpu_loras: Optional[int] = field(default=None, metadata=_meta(
         "LoRA adapters kept loaded in RAM, least recently used dropped beyond it (vLLM's); default: max_loras"))
     structured_outputs_backend: str = field(default="auto", metadata=_meta(

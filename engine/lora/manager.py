@@ -25,8 +25,10 @@ def adaptable(model) -> dict[str, Linear]:
 
 
 class LoRAManager:
-    def __init__(self, model, arch, config, max_loras: int, max_lora_rank: int, max_cpu_loras: Optional[int]):
+    def __init__(self, model, arch, config, max_loras: int, max_lora_rank: int, max_cpu_loras: Optional[int],
+                 dtype: str = "float32"):
         self.model, self.arch, self.config = model, arch, config
+        self.dtype = dtype  # the slots' storage: float32 or bfloat16
         self.max_loras, self.max_lora_rank = max_loras, max_lora_rank
         self.max_cpu_loras = max_cpu_loras or max_loras
         self.targets = adaptable(model)
@@ -46,10 +48,16 @@ class LoRAManager:
         placement = getattr(model, "placement", None)
         if placement is not None and placement.uses_gpu():
             raise ValueError("LoRA with layers on a GPU is not supported yet (the adapters run in the CPU kernels)")
+        import numpy as np
+
         from cpu_kernels import lora
         from engine.model.registry import architecture
-        lora.warmup()
-        return cls(model, architecture(config.arch), config, args.max_loras, args.max_lora_rank, args.max_cpu_loras)
+        dtype = args.lora_dtype
+        if dtype == "auto":  # vLLM's auto: the model's activation type
+            dtype = "float32" if args.dtype in ("float32", "float") else "bfloat16"
+        lora.warmup(np.uint16 if dtype == "bfloat16" else np.float32)
+        return cls(model, architecture(config.arch), config, args.max_loras, args.max_lora_rank, args.max_cpu_loras,
+                   dtype)
 
     # ---- adapters in RAM ----
     def load(self, req: LoRARequest) -> LoRAAdapter:
@@ -115,7 +123,7 @@ class LoRAManager:
     def _allocate(self, name: str) -> SlotWeights:
         """The slots of one weight, wired where the model reads them."""
         k, n = self.shapes[name]
-        w = SlotWeights(self.max_loras, self.max_lora_rank, k, n, embedding=name == EMBED)
+        w = SlotWeights(self.max_loras, self.max_lora_rank, k, n, embedding=name == EMBED, dtype=self.dtype)
         if name == EMBED:
             self.model.lora_embed = w
         elif name == HEAD:

@@ -85,6 +85,8 @@ class RowGroups:
                  lora_slots: np.ndarray | None = None):
         self.dense_dtype = dense_dtype  # precision of the long chunks' dense path (QuantLinear.DENSE_DTYPES)
         self.lora_slots = lora_slots  # (T,) int32 adapter slot per row (-1: none), or None (engine/lora)
+        # the rows sorted by slot, as the LoRA kernel takes them (each thread's rows: whole adapters)
+        self.lora_order = None if lora_slots is None else np.argsort(lora_slots, kind="stable")
         self.num_rows = -1
         self.small = None
         self.large: list[tuple[int, int]] = []

@@ -34,7 +34,7 @@ def test_lora_add_matches_numpy():
     slots = np.array([0, -1, 1, 2, 0, 1, -1], np.int32)
     y = rng.standard_normal((7, 1200)).astype(np.float32)
     want = _reference(x, a, b, ranks, slots, y, 50)
-    lora_add(x, a, b, ranks, slots, y, 50)
+    lora_add(x, a, b, ranks, slots, np.argsort(slots, kind="stable"), y, 50)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
 
 
@@ -44,10 +44,10 @@ def test_a_row_does_not_depend_on_the_batch():
     x = rng.standard_normal((9, 40)).astype(np.float32)
     slots = np.array([1, 0, -1, 0, 1, 1, 0, -1, 0], np.int32)
     y = np.zeros((9, 1100), np.float32)
-    lora_add(x, a, b, ranks, slots, y, 0)
+    lora_add(x, a, b, ranks, slots, np.argsort(slots, kind="stable"), y, 0)
     for t in (0, 3, 8):
         alone = np.zeros((1, 1100), np.float32)
-        lora_add(x[t:t + 1], a, b, ranks, slots[t:t + 1], alone, 0)
+        lora_add(x[t:t + 1], a, b, ranks, slots[t:t + 1], np.zeros(1, np.int64), alone, 0)
         np.testing.assert_array_equal(alone[0], y[t])
 
 
@@ -66,3 +66,20 @@ def test_embedding_update_matches_numpy():
             want[t] += a[s, ids[t], :ranks[s]] @ b[s, :ranks[s]]
     lora_embed_add(ids, a, b, ranks, slots, x)
     np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_weights_are_their_float32_values():
+    """Slots stored as bfloat16 bits give the update of those bits' float32 values (lora_dtype bfloat16)."""
+    from engine.lora.slots import to_bf16
+    rng = np.random.default_rng(3)
+    a, b, ranks = _weights(rng)
+    a, b = np.nan_to_num(a), np.nan_to_num(b)
+    a16, b16 = to_bf16(a), to_bf16(b)
+    widen = lambda h: (h.astype(np.uint32) << 16).view(np.float32)  # noqa: E731
+    assert np.abs(widen(a16) - a).max() <= np.abs(a).max() * 2 ** -8  # rounded to 8 bits of mantissa
+    x = rng.standard_normal((5, 40)).astype(np.float32)
+    slots = np.array([2, 0, 1, -1, 0], np.int32)
+    y, want = np.zeros((5, 1100), np.float32), np.zeros((5, 1100), np.float32)
+    lora_add(x, a16, b16, ranks, slots, np.argsort(slots, kind="stable"), y, 0)
+    lora_add(x, widen(a16), widen(b16), ranks, slots, np.argsort(slots, kind="stable"), want, 0)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)

@@ -93,7 +93,7 @@ def add_lora(lora, x: np.ndarray, y: np.ndarray, rows, col0: int = 0) -> None:
     """Adds the adapters' updates of the rows that have one (rows.lora_slots) to y's columns from col0."""
     slots = getattr(rows, "lora_slots", None)
     if slots is not None and rows.applies_to(x):
-        lora.add(x, y, slots, col0)
+        lora.add(x, y, slots, col0, rows.lora_order)
 
 
 # glibc serves requests up to 32 MiB from its heap and reuses them; larger ones are fresh mappings, faulted in page
