@@ -3,6 +3,7 @@ of random weights on every attention and MLP projection, written in PEFT's layou
 same N requests with no adapter, on one engine, alternating rounds, medians:
 
     python -m bench.lora [--model M] [--adapters 4] [--rank 16] [--concurrency 16] [--gen-tokens 128] [--rounds 3]
+                         [--lora-dtype auto|float32|bfloat16]
 """
 from __future__ import annotations
 
@@ -48,10 +49,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--lora-dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     a = ap.parse_args()
     from engine import LLM, LoRARequest, SamplingParams
     from engine.lora.manager import adaptable
-    llm = LLM(model=a.model, enable_lora=True, max_loras=a.adapters, max_lora_rank=a.rank, max_model_len=1024)
+    llm = LLM(model=a.model, enable_lora=True, max_loras=a.adapters, max_lora_rank=a.rank, max_model_len=1024,
+              lora_dtype=a.lora_dtype)
     llm.llm_engine.import_torch_now()
     eng = llm.llm_engine
     tmp = tempfile.mkdtemp(prefix="ramlm-lora-bench-")
@@ -73,6 +76,7 @@ def main() -> None:
     print(f"{a.concurrency} requests, {a.adapters} rank-{a.rank} adapters: {lora:.1f} tok/s against {none:.1f} with "
           f"no adapter ({lora / none:.2f}x)")
     write_result("lora", {"model": eng.model_path, "adapters": a.adapters, "rank": a.rank,
+                          "lora_dtype": eng.lora.dtype,
                           "concurrency": a.concurrency, "gen_tokens": a.gen_tokens, "none_tok_s": none,
                           "lora_tok_s": lora, "ratio": lora / none, "runs": runs})
 

@@ -26,33 +26,39 @@ def _value_impl(v):
     return None
 
 @njit(cache=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
-def lora_add(x, a, b, ranks, slots, order, y, col0):
-    """y[t, col0:col0 + N] += (A[s] @ x[t]) @ B[s] for s = slots[t] >= 0.
+def lora_add(x, a, b, ranks, cols, slots, order, y):
+    """y[t, cols[p]:cols[p] + N_p] += (A_p[s] @ x[t]) @ B_p[s] for every part p, s = slots[t] >= 0: the adapted
+    weights that read the same x (q/k/v, gate/up stacked into one output) in one call.
 
-    x (T, K) f32, a (S, R, K), b (S, R, N) (B transposed, scaled) float32 or bfloat16 bits (uint16), ranks (S,) int32 (0: the slot's adapter
-    has no update here), slots (T,) int32, order (T,) int64 the rows sorted by slot, y (T, >= col0 + N) f32
-    C-contiguous, updated in place. One parallel unit per row, taken in `order`: a thread's share of the rows is
-    whole adapters, so each adapter's A and B are read from memory once, by one thread.
+    x (T, K) f32; a: P arrays (S, R, K), b: P arrays (S, R, N_p) (B transposed, scaled), float32 or bfloat16 bits
+    (uint16); ranks (P, S) int32 (0: no update for that slot); cols (P,) int64 first output column of each part;
+    slots (T,) int32; order (T,) int64 the rows sorted by slot; y (T, >= cols[p] + N_p) f32 C-contiguous, updated in
+    place. One parallel unit per row, taken in `order`: a thread's share of the rows is whole adapters, so each
+    adapter's A and B are read from memory once, by one thread.
     """
     T, K = x.shape
-    R, N = a.shape[1], b.shape[2]
+    R = a[0].shape[1]
     for i in prange(T):
         t = order[i]
         s = slots[t]
-        if s < 0 or ranks[s] == 0:
+        if s < 0:
             continue
         h = np.empty(R, np.float32)
-        for j in range(ranks[s]):
-            acc = np.float32(0.0)
-            for k in range(K):
-                acc += _value(a[s, j, k]) * x[t, k]
-            h[j] = acc
-        out = y[t, col0:col0 + N]
-        for j in range(ranks[s]):
-            hj = h[j]
-            row = b[s, j]
-            for n in range(N):
-                out[n] += hj * _value(row[n])
+        for p in range(len(a)):
+            r = ranks[p, s]
+            ap, bp = a[p], b[p]
+            for j in range(r):
+                acc = np.float32(0.0)
+                for k in range(K):
+                    acc += _value(ap[s, j, k]) * x[t, k]
+                h[j] = acc
+            n_p = bp.shape[2]
+            out = y[t, cols[p]:cols[p] + n_p]
+            for j in range(r):
+                hj = h[j]
+                row = bp[s, j]
+                for n in range(n_p):
+                    out[n] += hj * _value(row[n])
 
 
 @njit(cache=True, error_model="numpy", fastmath={"reassoc", "contract"}, parallel=True)
@@ -77,6 +83,9 @@ def warmup(dtype=np.float32) -> None:
     x = np.ones((3, 8), np.float32)
     a, b = np.ones((2, 4, 8), dtype), np.ones((2, 4, 6), dtype)
     ranks, slots = np.array([4, 0], np.int32), np.array([0, -1, 1], np.int32)
-    lora_add(x, a, b, ranks, slots, np.argsort(slots, kind="stable"), np.zeros((3, 10), np.float32), 2)
+    order = np.argsort(slots, kind="stable")
+    for parts in (1, 2, 3):  # a Linear alone, gate|up, q|k|v
+        lora_add(x, (a,) * parts, (b,) * parts, np.tile(ranks, (parts, 1)), np.arange(parts, dtype=np.int64) * 6,
+                 slots, order, np.zeros((3, 6 * parts), np.float32))
     lora_embed_add(np.array([1, 2, 3], np.int64), np.ones((2, 8, 4), dtype), b, ranks, slots,
                    np.zeros((3, 6), np.float32))

@@ -19,6 +19,29 @@ def to_bf16(a: np.ndarray) -> np.ndarray:
     return ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
 
 
+def add_parts(parts: list, x: np.ndarray, y: np.ndarray, slots: np.ndarray, order: np.ndarray | None = None) -> None:
+    """Adds the updates of several adapted weights that read the same x, each into its columns of y: parts
+    [(SlotWeights, first column)], of one storage type, in one kernel call. order: the rows sorted by slot."""
+    parts = [(w, c) for w, c in parts if w.max_rank]
+    if not parts:
+        return
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    out = y if y.flags.c_contiguous and y.dtype == np.float32 else np.ascontiguousarray(y, dtype=np.float32)
+    if order is None:
+        order = slot_order(slots)
+    ranks = np.stack([w.ranks for w, _ in parts]) if len(parts) > 1 else parts[0][0].ranks[None]
+    cols = np.array([c for _, c in parts], np.int64)
+    args = (x, tuple(w.a for w, _ in parts), tuple(w.b for w, _ in parts), ranks, cols, slots, order, out)
+    if all(w._serial(slots) for w, _ in parts):
+        with serial_if(True):
+            lora_add(*args)
+    else:
+        lora_add(*args)
+    if out is not y:
+        y[...] = out
+
+
 class SlotWeights:
     """a (S, R, K) (the embedding's: (S, V, R), rows by token), b (S, R, N) = B^T * scale, ranks (S,) (0: no update
     in that slot); float32, or bfloat16 bits (uint16) for dtype "bfloat16": half the bytes a step reads."""
@@ -61,20 +84,7 @@ class SlotWeights:
             order: np.ndarray | None = None) -> None:
         """y[:, col0:col0 + N] += each row's update of x (rows whose slot is -1 or has no update: none). order: the
         rows sorted by slot (RowGroups.lora_order), computed here when not given."""
-        if not self.max_rank:
-            return
-        if x.dtype != np.float32 or not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x, dtype=np.float32)
-        out = y if y.flags.c_contiguous and y.dtype == np.float32 else np.ascontiguousarray(y, dtype=np.float32)
-        if order is None:
-            order = slot_order(slots)
-        if self._serial(slots):
-            with serial_if(True):
-                lora_add(x, self.a, self.b, self.ranks, slots, order, out, col0)
-        else:
-            lora_add(x, self.a, self.b, self.ranks, slots, order, out, col0)
-        if out is not y:
-            y[...] = out
+        add_parts([(self, col0)], x, y, slots, order)
 
     def add_embedding(self, ids: np.ndarray, x: np.ndarray, slots: np.ndarray) -> None:
         """x[t] += the update of token ids[t]'s embedding (x: the embedded rows, float32, C-contiguous)."""

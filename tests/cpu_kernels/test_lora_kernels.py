@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpu_kernels.lora import lora_add, lora_embed_add
+from cpu_kernels.lora import lora_add as _lora_add_parts, lora_embed_add
+
+
+def lora_add(x, a, b, ranks, slots, order, y, col0):
+    """One adapted weight (the kernel takes several that read the same x)."""
+    _lora_add_parts(x, (a,), (b,), ranks[None], np.array([col0], np.int64), slots, order, y)
 
 
 def _weights(rng, S=3, R=8, K=40, N=1100):
@@ -49,6 +54,24 @@ def test_a_row_does_not_depend_on_the_batch():
         alone = np.zeros((1, 1100), np.float32)
         lora_add(x[t:t + 1], a, b, ranks, slots[t:t + 1], np.zeros(1, np.int64), alone, 0)
         np.testing.assert_array_equal(alone[0], y[t])
+
+
+def test_parts_into_their_columns_equal_one_at_a_time():
+    """q|k|v-like parts of different widths in one call: each into its own columns, the bits of separate calls."""
+    rng = np.random.default_rng(4)
+    parts = [_weights(rng, N=n) for n in (64, 16, 16)]
+    parts = [(np.nan_to_num(a), np.nan_to_num(b), r) for a, b, r in parts]
+    x = rng.standard_normal((6, 40)).astype(np.float32)
+    slots = np.array([0, 1, -1, 2, 1, 0], np.int32)
+    order = np.argsort(slots, kind="stable")
+    cols = np.array([0, 64, 80], np.int64)
+    y = np.zeros((6, 96), np.float32)
+    _lora_add_parts(x, tuple(p[0] for p in parts), tuple(p[1] for p in parts), np.stack([p[2] for p in parts]),
+                    cols, slots, order, y)
+    want = np.zeros((6, 96), np.float32)
+    for (a, b, r), c in zip(parts, cols):
+        lora_add(x, a, b, r, slots, order, want, int(c))
+    np.testing.assert_array_equal(y, want)
 
 
 def test_embedding_update_matches_numpy():

@@ -8,6 +8,7 @@ import numpy as np
 
 from cpu_kernels.quant.linear import QuantLinear
 from cpu_kernels.quant.threads import serial_if, serial_work
+from engine.lora.slots import add_parts
 
 
 def vector(ws, name: str) -> np.ndarray:
@@ -193,7 +194,8 @@ class Projections:
         return out
 
     def _add_lora(self, x: np.ndarray, y: np.ndarray, rows, spans) -> None:
-        """Each stacked part's adapter updates, into its columns of the stacked output."""
-        for i, lo, _hi in spans:
-            if self.parts[i].lora is not None:
-                add_lora(self.parts[i].lora, x, y, rows, lo)
+        """The stacked parts' adapter updates, each into its columns of the stacked output, in one kernel call."""
+        parts = [(self.parts[i].lora, lo) for i, lo, _hi in spans if self.parts[i].lora is not None]
+        slots = getattr(rows, "lora_slots", None)
+        if parts and slots is not None and rows.applies_to(x):
+            add_parts(parts, x, y, slots, rows.lora_order)
