@@ -68,15 +68,18 @@ class LLM:
 
     def embed(self, prompts: Union[PromptType, Sequence[PromptType]],
               pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None,
-              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+              use_tqdm: bool = True,
+              lora_request: Union[LoRARequest, Sequence[LoRARequest], None] = None) -> list[EmbeddingRequestOutput]:
         """vLLM's LLM.embed: one embedding per prompt (a model loaded with runner="pooling")."""
-        outs = self.generate(prompts, _pooling_list(prompts, pooling_params), use_tqdm=use_tqdm)
+        outs = self.generate(prompts, _pooling_list(prompts, pooling_params), use_tqdm=use_tqdm,
+                             lora_request=lora_request)
         return [EmbeddingRequestOutput(o.request_id, EmbeddingOutput(o.pooled.tolist()), list(o.prompt_token_ids))
                 for o in outs]
 
     def encode(self, prompts: Union[PromptType, Sequence[PromptType]],
                pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None, use_tqdm: bool = True,
-               pooling_task: str = "embed") -> list[PoolingRequestOutput]:
+               pooling_task: str = "embed",
+               lora_request: Union[LoRARequest, Sequence[LoRARequest], None] = None) -> list[PoolingRequestOutput]:
         """vLLM's LLM.encode: the pooled data per prompt as a torch tensor (pooling_task "embed")."""
         import torch
         params = _pooling_list(prompts, pooling_params)
@@ -84,24 +87,26 @@ class LLM:
             if p.task != pooling_task:
                 p.task = pooling_task  # vLLM sets the request's task from pooling_task; PoolingParams checks it
                 p.__post_init__()
-        outs = self.generate(prompts, params, use_tqdm=use_tqdm)
+        outs = self.generate(prompts, params, use_tqdm=use_tqdm, lora_request=lora_request)
         return [PoolingRequestOutput(o.request_id, PoolingOutput(torch.from_numpy(o.pooled)),
                                      list(o.prompt_token_ids)) for o in outs]
 
-    def classify(self, prompts: Union[PromptType, Sequence[PromptType]],
-                 use_tqdm: bool = True) -> list[ClassificationRequestOutput]:
+    def classify(self, prompts: Union[PromptType, Sequence[PromptType]], use_tqdm: bool = True,
+                 lora_request: Union[LoRARequest, Sequence[LoRARequest], None] = None
+                 ) -> list[ClassificationRequestOutput]:
         """vLLM's LLM.classify: the class probabilities of a sequence-classification model, per prompt."""
-        outs = self.generate(prompts, [PoolingParams(task="classify") for _ in _as_list(prompts)], use_tqdm=use_tqdm)
+        outs = self.generate(prompts, [PoolingParams(task="classify") for _ in _as_list(prompts)], use_tqdm=use_tqdm,
+                             lora_request=lora_request)
         return [ClassificationRequestOutput(o.request_id, ClassificationOutput(o.pooled.tolist()),
                                             list(o.prompt_token_ids)) for o in outs]
 
     def score(self, data_1: Union[PromptType, Sequence[PromptType]], data_2: Union[PromptType, Sequence[PromptType]],
-              use_tqdm: bool = True) -> list[ScoringRequestOutput]:
+              use_tqdm: bool = True, lora_request: Optional[LoRARequest] = None) -> list[ScoringRequestOutput]:
         """vLLM's LLM.score for an embedding model: the cosine similarity of data_1's and data_2's vectors, one
         against many or pairwise (engine/pooling/score.py)."""
         first, second = _as_list(data_1), _as_list(data_2)
         pairs = pair_up(first, second)
-        vecs = self.embed(first + second, use_tqdm=use_tqdm)
+        vecs = self.embed(first + second, use_tqdm=use_tqdm, lora_request=lora_request)
         a, b = vecs[:len(first)], vecs[len(first):]
         return [ScoringRequestOutput(f"{a[i].request_id}-{b[j].request_id}",
                                      ScoringOutput(cosine(a[i].outputs.embedding, b[j].outputs.embedding)),

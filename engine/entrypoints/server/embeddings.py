@@ -1,4 +1,4 @@
-"""Pooling models' endpoints (runner="pooling"): OpenAI's /v1/embeddings (strings or token ids in, one vector per input,
+"""Pooling models' endpoints (runner="pooling"): vLLM's /pooling (the pooled output as it is), OpenAI's /v1/embeddings (strings or token ids in, one vector per input,
 as floats or base64: little-endian float32, what the openai SDK asks for by default), and vLLM's /score and /rerank
 (Jina's and Cohere's shape), scored as vLLM scores with an embedding model: the cosine of the two texts' vectors."""
 from __future__ import annotations
@@ -13,9 +13,10 @@ from fastapi.responses import Response
 
 from engine.entrypoints.server import openapi
 from engine.entrypoints.server.errors import bad_request
-from engine.entrypoints.server.protocol import ClassificationRequest, EmbeddingRequest, RerankRequest, ScoreRequest
-from engine.entrypoints.server.responses import (ClassificationResponse, EmbeddingResponse, RerankResponse,
-                                                 ScoreResponse)
+from engine.entrypoints.server.protocol import (ClassificationRequest, EmbeddingRequest, PoolingRequest, RerankRequest,
+                                               ScoreRequest)
+from engine.entrypoints.server.responses import (ClassificationResponse, EmbeddingResponse, PoolingResponse,
+                                                 RerankResponse, ScoreResponse)
 from engine.entrypoints.server.serving import add_requests, collect, state_of, unless_disconnected
 from engine.pooling.params import PoolingParams
 from engine.pooling.score import cosine, pair_up
@@ -26,19 +27,32 @@ router = APIRouter()
 @router.post("/v1/embeddings", response_model=EmbeddingResponse,
              responses=openapi.errors(*openapi.GENERATION_ERRORS))
 async def create_embedding(body: EmbeddingRequest, request: Request):
+    return await _pool_inputs(body, request, "embed", "embd", "embedding")
+
+
+@router.post("/pooling", response_model=PoolingResponse, responses=openapi.errors(*openapi.GENERATION_ERRORS))
+async def create_pooling(body: PoolingRequest, request: Request):
+    """vLLM's /pooling: each input's pooled output as it is (its embedding, or its class probabilities)."""
+    pooling = state_of(request).engine.engine.pooling
+    task = body.task or ("classify" if pooling is not None and pooling.classifier is not None else "embed")
+    return await _pool_inputs(body, request, task, "pool", "pooling")
+
+
+async def _pool_inputs(body: EmbeddingRequest, request: Request, task: str, prefix: str, kind: str):
+    """One pooled vector per input of body, in the response shape of `kind` (embedding, or vLLM's pooling)."""
     st = state_of(request)
     model = st.check_model(body.model)
     try:
-        params = PoolingParams(dimensions=body.dimensions, normalize=body.normalize)
+        params = PoolingParams(dimensions=body.dimensions, normalize=body.normalize, task=task)
     except ValueError as e:
         raise bad_request(str(e), "dimensions") from e
     prompts = await _inputs(st, body)
-    rid = f"embd-{uuid.uuid4().hex}"
+    rid = f"{prefix}-{uuid.uuid4().hex}"
     vecs = await pooled(request, st, rid, prompts, params, model)
     if vecs is None:
         return Response(status_code=499)
-    data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
-            for i, v in enumerate(vecs)]
+    key = "embedding" if kind == "embedding" else "data"
+    data = [{"object": kind, "index": i, key: _encode(v, body.encoding_format)} for i, v in enumerate(vecs)]
     n = sum(len(ids) for _, ids in prompts)
     return {"id": rid, "object": "list", "created": int(time.time()), "model": model, "data": data,
             "usage": {"prompt_tokens": n, "total_tokens": n, "completion_tokens": 0}}

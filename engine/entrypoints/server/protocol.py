@@ -412,6 +412,12 @@ class EmbeddingRequest(_Body):
     truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)  # keep the last k tokens; -1: max_model_len
 
 
+class PoolingRequest(EmbeddingRequest):
+    """vLLM's /pooling: the model's pooled output per input, for the task asked (default: classify for a model with
+    a classification head, else embed)."""
+    task: Optional[Literal["embed", "classify"]] = None
+
+
 # ---- /score, /v1/score, /rerank, /v1/rerank, /v2/rerank (vLLM's; Jina's and Cohere's rerank shape) ----
 class ScoreRequest(_Body):
     model: Optional[str] = None

@@ -317,6 +317,12 @@ class EmbeddingData(BaseModel):
     embedding: Union[list[float], str]  # floats, or base64 of little-endian float32 bytes
 
 
+class PoolingData(BaseModel):
+    object: Literal["pooling"]
+    index: int = Field(ge=0)
+    data: Union[list[float], str]  # floats, or base64 of little-endian float32 bytes
+
+
 class EmbeddingUsage(BaseModel):
     prompt_tokens: int = Field(ge=0)
     total_tokens: int = Field(ge=0)
@@ -329,6 +335,15 @@ class EmbeddingResponse(BaseModel):
     created: int
     model: str
     data: list[EmbeddingData]
+    usage: EmbeddingUsage
+
+
+class PoolingResponse(BaseModel):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[PoolingData]
     usage: EmbeddingUsage
 
 

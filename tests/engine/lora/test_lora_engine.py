@@ -102,3 +102,20 @@ def test_speculative_decoding_with_adapters(setup):
     want = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False, lora_request=which)]
     got = [o.outputs[0].token_ids for o in spec.generate(prompts, params, use_tqdm=False, lora_request=which)]
     assert got == want
+
+
+def test_embeddings_with_an_adapter(setup):
+    """A pooling model runs adapters too: LLM.embed's vector is PEFT's last hidden state, normalized."""
+    import numpy as np
+    import torch
+    root, hf, loras, _ = setup
+    llm = LLM(model=str(root / "base"), runner="pooling", max_loras=1, **KW)
+    ids = [5, 6, 7, 8]
+    model = save_adapter(hf, root / "embed", ATTENTION + MLP, seed=7)
+    with torch.no_grad():
+        h = model.base_model.model.model(torch.tensor([ids])).last_hidden_state[0, -1].double()
+    want = torch.nn.functional.normalize(h, dim=0).numpy()
+    got = llm.embed({"prompt_token_ids": ids}, use_tqdm=False,
+                    lora_request=LoRARequest("embed", 9, str(root / "embed")))[0].outputs.embedding
+    plain = llm.embed({"prompt_token_ids": ids}, use_tqdm=False)[0].outputs.embedding
+    assert np.abs(np.asarray(got) - want).max() < 2e-3 < np.abs(np.asarray(plain) - want).max()

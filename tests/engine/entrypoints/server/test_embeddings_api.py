@@ -4,6 +4,8 @@ usage; 400s for what cannot be served (dimensions of a model without Matryoshka 
 generating server's answer to an embeddings request."""
 from __future__ import annotations
 
+import base64
+
 import numpy as np
 import openai
 import pytest
@@ -69,6 +71,21 @@ def test_what_cannot_be_served_is_a_400(embedder):
     assert len(ok.data[0].embedding) == 256
 
 
+def test_pooling_endpoint_gives_the_vectors(embedder):
+    """vLLM's /pooling: an embedding model's pooled vectors as they are, floats or base64."""
+    srv, client, hf = embedder
+    with srv.client() as http:
+        body = http.post("/pooling", json={"model": srv.model, "input": ["t3 t4 t5 t6", "t200"]}).json()
+        b64 = http.post("/pooling", json={"model": srv.model, "input": "t200", "encoding_format": "base64"}).json()
+        bad = http.post("/pooling", json={"model": srv.model, "input": "t3", "task": "classify"})
+    assert body["object"] == "list" and body["id"].startswith("pool-") and body["usage"]["prompt_tokens"] == 5
+    for d, ids in zip(body["data"], [[3, 4, 5, 6], [200]]):
+        assert d["object"] == "pooling" and _rel_err(d["data"], _reference(hf, ids)) < 2e-3
+    decoded = np.frombuffer(base64.b64decode(b64["data"][0]["data"]), "<f4")
+    np.testing.assert_array_equal(decoded, np.asarray(body["data"][1]["data"], np.float32))
+    assert bad.status_code == 400 and "classification head" in bad.json()["error"]["message"]
+
+
 def test_a_generating_model_refuses_embeddings(server):
     with openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0, timeout=60) as c:
         with pytest.raises(openai.BadRequestError, match="runner='pooling'"):
@@ -107,3 +124,6 @@ def test_classify_names_the_likeliest_class(tmp_path_factory):
             assert d["num_classes"] == 3 and _rel_err(d["probs"], want) < 2e-3
             assert d["label"] == f"class_{int(np.argmax(want))}"
         assert body["usage"]["prompt_tokens"] == 4
+        pooled = http.post("/pooling", json={"model": srv.model, "input": "t3 t4 t5"}).json()  # the model's task
+        assert pooled["data"][0]["object"] == "pooling"
+        np.testing.assert_allclose(pooled["data"][0]["data"], body["data"][0]["probs"], rtol=1e-6)
