@@ -3,12 +3,16 @@ r"""Do ramlm's GGUF files load in llama.cpp, and compute the same thing there?
     python -m bench.llamacpp_load                      # a tiny exported GGUF of every registered architecture
     python -m bench.llamacpp_load --file /tmp/llama8b.gguf --file ...   # also these (synthetic shapes): load only
     python -m bench.llamacpp_load --arch qwen35 --arch qwen35moe --mtp  # with an MTP layer (blk.{L}.nextn.*)
+    python -m bench.llamacpp_load --arch llama --arch qwen3 --lora      # and a LoRA adapter as a GGUF LoRA file
 
 For each architecture, a tiny random model is built with transformers (tests/model/tiny_models.py; run from the
 repository root), exported by engine/model/gguf_export.write_gguf in F32 with a byte-level vocabulary, loaded by
 llama.cpp (llama-cpp-python, built as `python -m bench.compare --help` says) and run on a prompt: the line gives
 llama.cpp's logits' largest error relative to transformers' (llama.cpp computes in its own precision, so ~1e-3
-is agreement; a wrong layout or key gives a load error or errors near 1). Writes JSON to bench/results/.
+is agreement; a wrong layout or key gives a load error or errors near 1). With --lora, a random PEFT adapter of
+every projection, the embedding and the output matrix (those two where they are not tied) is written by
+engine/lora/gguf_lora.write in llama.cpp's GGUF LoRA layout, applied by llama.cpp (lora_path) and compared with
+PEFT's logits. Writes JSON to bench/results/.
 """
 from __future__ import annotations
 
@@ -61,7 +65,7 @@ def add_mtp_layer(hf, folder: Path) -> None:
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
 
-def check_arch(arch: str, folder: Path, mtp: bool = False) -> dict:
+def check_arch(arch: str, folder: Path, mtp: bool = False, lora: bool = False) -> dict:
     import gguf
     import llama_cpp
     from engine.model.gguf_export import write_gguf
@@ -83,8 +87,32 @@ def check_arch(arch: str, folder: Path, mtp: bool = False) -> dict:
     llm.eval(PROMPT)
     got = np.array(llm.scores[:len(PROMPT)])
     ref = hf_logits(hf, PROMPT).numpy()
-    return {"arch": arch, "mtp_layers": ws.config.nextn_layers, "loads": True,
-            "rel_err": float(np.abs(got - ref).max() / np.abs(ref).max())}
+    out = {"arch": arch, "mtp_layers": ws.config.nextn_layers, "loads": True,
+           "rel_err": float(np.abs(got - ref).max() / np.abs(ref).max())}
+    del llm
+    return {**out, **check_lora(arch, folder, path, hf, ws.config)} if lora else out
+
+
+def check_lora(arch: str, folder: Path, gguf_path: str, hf, config) -> dict:
+    """llama.cpp with a GGUF LoRA file written from a PEFT folder, against PEFT's logits."""
+    import llama_cpp
+
+    from engine.lora import gguf_lora
+    from engine.model.registry import architecture
+    from tests.engine.lora.adapters import ATTENTION, MLP, peft_logits, save_adapter
+    # a tied model's embedding and output matrix are one GGUF tensor: gguf_lora.write refuses adapting either
+    targets = ATTENTION + MLP + ([] if config.tie_word_embeddings else ["embed_tokens", "lm_head"])
+    model = save_adapter(hf, folder / "lora", targets, seed=3)
+    lora_path = gguf_lora.write(str(folder / "lora"), str(folder / "lora.gguf"), architecture(config.arch), config)
+    try:
+        llm = llama_cpp.Llama(gguf_path, n_ctx=64, logits_all=True, verbose=False, n_threads=2, lora_path=lora_path)
+    except Exception as e:  # noqa: BLE001 (the load error is the result)
+        return {"lora_loads": False, "lora_error": str(e)}
+    llm.eval(PROMPT)
+    got = np.array(llm.scores[:len(PROMPT)])
+    ref = peft_logits(model, PROMPT)
+    return {"lora_loads": True, "lora_targets": targets,
+            "lora_rel_err": float(np.abs(got - ref).max() / np.abs(ref).max())}
 
 
 def check_file(path: str) -> dict:
@@ -103,6 +131,7 @@ def main(argv=None) -> None:
                     "tests/model/tiny_models.ARCHES, each registered architecture's and its variants)")
     ap.add_argument("--file", action="append", default=[], help="a GGUF file to load too")
     ap.add_argument("--mtp", action="store_true", help=f"give {', '.join(MTP_ARCHES)} an MTP layer")
+    ap.add_argument("--lora", action="store_true", help="also a LoRA adapter as a GGUF LoRA file (llama.cpp applies it)")
     args = ap.parse_args(argv)
     from tests.model.tiny_models import ARCHES
     results = []
@@ -110,10 +139,13 @@ def main(argv=None) -> None:
         for arch in args.arch or ARCHES:
             folder = Path(tmp) / arch
             folder.mkdir()
-            r = check_arch(arch, folder, mtp=args.mtp and arch in MTP_ARCHES)
+            r = check_arch(arch, folder, mtp=args.mtp and arch in MTP_ARCHES, lora=args.lora)
             results.append(r)
             print(f"{arch}{' + MTP' if r['mtp_layers'] else ''}: " + (f"loads, logits within {r['rel_err']:.1e} of transformers" if r["loads"]
                                   else f"does not load: {r['error']}"))
+            if "lora_loads" in r:
+                print(f"{arch} + GGUF LoRA: " + (f"llama.cpp's logits within {r['lora_rel_err']:.1e} of PEFT's"
+                                                 if r["lora_loads"] else f"does not load: {r['lora_error']}"))
     for path in args.file:
         r = check_file(path)
         results.append(r)

@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as GT
 from gguf.quants import dequantize
 
 from engine.errors import ModelLoadError
-from engine.lora.adapter import EMBED, LoRAError, scaled
+from engine.lora.adapter import EMBED, HEAD, LoRAError, scaled
 from engine.model.gguf import open_gguf
 
 
@@ -69,6 +69,11 @@ def write(peft_folder: str, out_path: str, arch, config) -> str:
 
     from engine.lora import peft
     pairs, alpha, rslora = peft.read_raw(peft_folder, arch, config)
+    if config.tie_word_embeddings and {HEAD, EMBED} & set(pairs):
+        # no output matrix to adapt (llama.cpp's converter refuses it), and llama.cpp applies an embedding's update
+        # to the tied output matrix as well, where its shapes do not fit (it aborts)
+        raise LoRAError(f"{peft_folder}: the embedding or lm_head is adapted, but the base model ties them: a GGUF "
+                        f"LoRA file cannot say which one (llama.cpp would apply it to both)")
     if rslora:
         ranks = {a.shape[0] for a, _ in pairs.values()}
         if len(ranks) != 1:
