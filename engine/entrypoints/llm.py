@@ -10,7 +10,7 @@ from engine.lora.request import LoRARequest
 from engine.outputs import (ClassificationOutput, ClassificationRequestOutput, EmbeddingOutput, EmbeddingRequestOutput,
                             PoolingOutput, PoolingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput)
 from engine.pooling.params import PoolingParams
-from engine.pooling.score import cosine, pair_up
+from engine.pooling.score import cosine, is_cross_encoder, pair_up
 from engine.sample.sampling import SamplingParams
 
 
@@ -102,10 +102,17 @@ class LLM:
 
     def score(self, data_1: Union[PromptType, Sequence[PromptType]], data_2: Union[PromptType, Sequence[PromptType]],
               use_tqdm: bool = True, lora_request: Optional[LoRARequest] = None) -> list[ScoringRequestOutput]:
-        """vLLM's LLM.score for an embedding model: the cosine similarity of data_1's and data_2's vectors, one
-        against many or pairwise (engine/pooling/score.py)."""
+        """vLLM's LLM.score: one against many or pairwise (engine/pooling/score.py); an embedding model scores the
+        cosine of the texts' vectors, a cross-encoder (one-label classifier) the texts joined."""
         first, second = _as_list(data_1), _as_list(data_2)
         pairs = pair_up(first, second)
+        engine = self.llm_engine
+        if is_cross_encoder(engine.pooling):
+            ids = [(engine.encode_prompt(first[i])[1], _second_ids(self.get_tokenizer(), second[j])) for i, j in pairs]
+            outs = self.classify([{"prompt_token_ids": a + b} for a, b in ids], use_tqdm=use_tqdm,
+                                 lora_request=lora_request)
+            return [ScoringRequestOutput(o.request_id, ScoringOutput(float(o.outputs.probs[0])), list(o.prompt_token_ids))
+                    for o in outs]
         vecs = self.embed(first + second, use_tqdm=use_tqdm, lora_request=lora_request)
         a, b = vecs[:len(first)], vecs[len(first):]
         return [ScoringRequestOutput(f"{a[i].request_id}-{b[j].request_id}",
@@ -179,3 +186,14 @@ def _progress(total: int, enabled: bool):
         return None
     from tqdm import tqdm
     return tqdm(total=total, desc="Processed prompts", unit="req")
+
+
+def _second_ids(tokenizer, prompt) -> list[int]:
+    """The second text of a cross-encoder pair: its tokens without special tokens (they follow the first's)."""
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt, add_special_tokens=False)
+    if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+        return list(prompt["prompt_token_ids"])
+    if isinstance(prompt, dict) and "prompt" in prompt:
+        return tokenizer.encode(prompt["prompt"], add_special_tokens=False)
+    raise TypeError(f"a score's text must be a string or a prompt dict, got {type(prompt).__name__}")

@@ -40,8 +40,10 @@ class PoolingState:
         """The embedding, float32: pooled, cut to the requested dimensions, then normalized if asked; for the classify
         task the class probabilities."""
         v = (self._sum / self._count) if self.type == "MEAN" else self._pick.astype(np.float64)
-        if self.head is not None:  # class probabilities: softmax of the head's logits (vLLM's default activation)
+        if self.head is not None:  # class probabilities (vLLM's default activations): softmax, sigmoid for one label
             logits = self.head(np.ascontiguousarray(v[None], dtype=np.float32), per_row=True)[0].astype(np.float64)
+            if logits.shape[0] == 1:  # a score (reranker, reward model): softmax over one class would always be 1
+                return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
             e = np.exp(logits - logits.max())
             return (e / e.sum()).astype(np.float32)
         if self.dimensions is not None:

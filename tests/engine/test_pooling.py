@@ -155,3 +155,25 @@ def test_classify_gives_the_heads_class_probabilities(tmp_path):
     saved_tiny(tmp_path / "embedder", "qwen3")
     with pytest.raises(ValueError, match="no classification head"):
         LLM(model=str(tmp_path / "embedder"), **KW).classify([{"prompt_token_ids": PROMPTS[0]}], use_tqdm=False)
+
+
+def test_a_one_label_classifier_scores_pairs_as_a_cross_encoder(tmp_path):
+    """A one-label sequence classifier (a reranker, a reward model): classify gives the sigmoid of its logit (softmax
+    over one class would always be 1), and score joins the two texts and scores them together, as vLLM's cross-encoder
+    scoring does: the sigmoid of transformers' logit over the joined tokens."""
+    from tests.model.tiny_models import saved_tiny_classifier
+    hf = saved_tiny_classifier(tmp_path, num_labels=1)
+    llm = LLM(model=str(tmp_path), **{**KW, "runner": "auto"})
+    query, docs = "t3 t4 t5", ["t9 t10", "t200", "t3 t4"]
+
+    def want(ids):
+        with torch.no_grad():
+            return float(torch.sigmoid(hf(torch.tensor([ids])).logits[0, 0].double()))
+
+    got = llm.score(query, docs, use_tqdm=False)
+    for d, out in zip(docs, got):
+        ids = [3, 4, 5] + [int(w[1:]) for w in d.split()]  # the tiny tokenizer: "tN" is token N, no specials
+        assert out.prompt_token_ids == ids and abs(out.outputs.score - want(ids)) < 2e-3
+    assert max(o.outputs.score for o in got) - min(o.outputs.score for o in got) > 0.05  # the pairs differ
+    one = llm.classify({"prompt_token_ids": [3, 4]}, use_tqdm=False)[0].outputs.probs
+    assert len(one) == 1 and abs(one[0] - want([3, 4])) < 2e-3

@@ -19,7 +19,7 @@ from engine.entrypoints.server.responses import (ClassificationResponse, Embeddi
                                                  RerankResponse, ScoreResponse)
 from engine.entrypoints.server.serving import add_requests, collect, state_of, unless_disconnected
 from engine.pooling.params import PoolingParams
-from engine.pooling.score import cosine, pair_up
+from engine.pooling.score import cosine, is_cross_encoder, pair_up
 
 router = APIRouter()
 
@@ -106,12 +106,17 @@ async def create_score(body: ScoreRequest, request: Request):
     except ValueError as e:
         raise bad_request(str(e), "text_1") from e
     rid = f"score-{uuid.uuid4().hex}"
-    vecs = await pooled(request, st, rid, first + second, PoolingParams(normalize=True), model)
-    if vecs is None:
+    if is_cross_encoder(st.engine.engine.pooling):
+        second = await _token_ids(st, body.text_2, False, body.truncate_prompt_tokens, "text_2")
+        scores = await _cross_scores(request, st, rid, [(first[i][1], second[j][1]) for i, j in pairs], model)
+        tokens = sum(len(first[i][1]) + len(second[j][1]) for i, j in pairs)  # each pair runs once
+    else:
+        vecs = await pooled(request, st, rid, first + second, PoolingParams(normalize=True), model)
+        scores = None if vecs is None else [cosine(vecs[i], vecs[len(first) + j]) for i, j in pairs]
+        tokens = sum(len(ids) for _, ids in first + second)  # each text runs once
+    if scores is None:
         return Response(status_code=499)
-    data = [{"index": n, "object": "score", "score": cosine(vecs[i], vecs[len(first) + j])}
-            for n, (i, j) in enumerate(pairs)]
-    tokens = sum(len(ids) for _, ids in first + second)  # each text runs once
+    data = [{"index": n, "object": "score", "score": v} for n, v in enumerate(scores)]
     return {"id": rid, "object": "list", "created": int(time.time()), "model": model,
             "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}}
 
@@ -125,15 +130,27 @@ async def create_rerank(body: RerankRequest, request: Request):
     query = await _token_ids(st, body.query, True, body.truncate_prompt_tokens, "query")
     docs = await _token_ids(st, body.documents, True, body.truncate_prompt_tokens, "documents")
     rid = f"rerank-{uuid.uuid4().hex}"
-    vecs = await pooled(request, st, rid, query + docs, PoolingParams(normalize=True), model)
-    if vecs is None:
+    if is_cross_encoder(st.engine.engine.pooling):
+        docs = await _token_ids(st, body.documents, False, body.truncate_prompt_tokens, "documents")
+        scores = await _cross_scores(request, st, rid, [(query[0][1], d) for _, d in docs], model)
+        tokens = sum(len(query[0][1]) + len(d) for _, d in docs)  # the query runs with every document
+    else:
+        vecs = await pooled(request, st, rid, query + docs, PoolingParams(normalize=True), model)
+        scores = None if vecs is None else [cosine(vecs[0], v) for v in vecs[1:]]
+        tokens = sum(len(ids) for _, ids in query + docs)  # the query runs once, not once per document
+    if scores is None:
         return Response(status_code=499)
-    scores = [cosine(vecs[0], v) for v in vecs[1:]]
     order = sorted(range(len(docs)), key=lambda i: -scores[i])[:body.top_n or None]
     results = [{"index": i, "relevance_score": scores[i],
                 "document": {"text": body.documents[i]} if body.return_documents else None} for i in order]
-    tokens = sum(len(ids) for _, ids in query + docs)  # the query runs once, not once per document
     return {"id": rid, "model": model, "usage": {"total_tokens": tokens}, "results": results}
+
+
+async def _cross_scores(request: Request, st, rid: str, pairs: list, model) -> list[float] | None:
+    """A cross-encoder's score of each (first ids, second ids) pair: its one-label probability over the joined
+    tokens (None: the client left)."""
+    probs = await pooled(request, st, rid, [(None, a + b) for a, b in pairs], PoolingParams(task="classify"), model)
+    return None if probs is None else [float(p[0]) for p in probs]
 
 
 @router.post("/classify", response_model=ClassificationResponse,

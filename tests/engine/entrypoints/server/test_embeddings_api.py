@@ -127,3 +127,24 @@ def test_classify_names_the_likeliest_class(tmp_path_factory):
         pooled = http.post("/pooling", json={"model": srv.model, "input": "t3 t4 t5"}).json()  # the model's task
         assert pooled["data"][0]["object"] == "pooling"
         np.testing.assert_allclose(pooled["data"][0]["data"], body["data"][0]["probs"], rtol=1e-6)
+
+
+def test_a_cross_encoder_scores_and_reranks_joined_pairs(tmp_path_factory):
+    """/score and /rerank with a one-label classifier score each pair joined (vLLM's cross-encoder scoring)."""
+    from tests.model.tiny_models import saved_tiny_classifier
+    folder = tmp_path_factory.mktemp("reranker")
+    hf = saved_tiny_classifier(folder, num_labels=1)
+
+    def want(ids):
+        with torch.no_grad():
+            return float(torch.sigmoid(hf(torch.tensor([ids])).logits[0, 0].double()))
+
+    with running_server("--model", str(folder), "--max-model-len", "128", "--dtype", "float32",
+                        "--kv-cache-dtype", "fp32") as srv, srv.client() as http:
+        score = http.post("/score", json={"model": srv.model, "text_1": "t3 t4", "text_2": ["t9", "t7 t8"]}).json()
+        rerank = http.post("/rerank", json={"model": srv.model, "query": "t3 t4", "documents": ["t9", "t7 t8"]}).json()
+    wants = [want([3, 4, 9]), want([3, 4, 7, 8])]
+    assert [abs(d["score"] - w) < 2e-3 for d, w in zip(score["data"], wants)] == [True, True]
+    assert [r["index"] for r in rerank["results"]] == sorted([0, 1], key=lambda i: -wants[i])
+    assert all(abs(r["relevance_score"] - wants[r["index"]]) < 2e-3 for r in rerank["results"])
+    assert score["usage"]["prompt_tokens"] == 7
