@@ -109,7 +109,8 @@ class RequestAdmission:
         ids = parent.prompt_token_ids
         lora = parent.lora_request
         req = Request(child_id, ids, child_params, eos_token_ids=self.eos_token_ids, max_model_len=self.max_model_len,
-                      lora_id=lora.lora_int_id if lora else 0, lora_name=lora.lora_name if lora else None)
+                      lora_id=lora.lora_int_id if lora else 0,
+                      lora_name=f"{lora.lora_name}@{lora.lora_path}" if lora else None)
         pooling = self.pooling.new_pool(parent.pooling_params) if parent.pooling_params is not None else None
         if pooling is not None and pooling.type != "LAST":  # every position's row is pooled: none may be cached
             req.skip_prefix_cache = True

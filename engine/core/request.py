@@ -54,8 +54,9 @@ class Request:
         max_model_len: context limit; the scheduler sets it at add_request when left None.
         cache_salt: optional string mixed into the first block hash, so that different tenants
             never share prefix-cache blocks.
-        lora_id, lora_name: the request's LoRA adapter (0: none); the scheduler runs at most max_loras
-            adapters in a step, and the adapter is mixed into the first block hash (its KV differs).
+        lora_id, lora_name: the request's LoRA adapter (0: none; lora_name: what identifies its weights, its
+            name and path); the scheduler runs at most max_loras adapters in a step, and the adapter is mixed
+            into the first block hash (its KV differs).
     """
 
     def __init__(self, request_id: str, prompt_token_ids: Iterable[int], sampling_params: Any,

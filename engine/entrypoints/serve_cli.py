@@ -170,6 +170,11 @@ def run_serve(ns: argparse.Namespace) -> int:
     engine = AsyncLLMEngine.build(make_engine)
     llm_engine = engine.engine
     names = ns.served_model_name or [default_model_name(args.model, llm_engine.model_path)]
+    clash = sorted(set(loras) & {*names, llm_engine.model_path})
+    if clash:
+        engine.shutdown()
+        print(f"ramlm serve: LoRA adapter name(s) {', '.join(clash)} are the base model's", file=sys.stderr)
+        return 2
     metrics = ServerMetrics(names[0], lambda: engine.snapshot)
     engine.set_hooks(on_first_token=metrics.on_first_token, on_finished=metrics.on_finished,
                      on_aborted=metrics.on_aborted)

@@ -17,8 +17,8 @@ from engine.model.gguf import open_gguf
 def _matrix(f, name: str) -> np.ndarray:
     info = f.info(name)
     raw = f.raw(name)
-    if info.ggml_type in (GT.F32, GT.F16):
-        return np.asarray(raw, dtype=np.float32).reshape(info.shape)
+    if info.ggml_type in (GT.F32, GT.F16):  # a copy: the adapter outlives the file's mapping
+        return np.array(raw, dtype=np.float32).reshape(info.shape)
     if info.ggml_type == GT.BF16:
         return (raw.astype(np.uint32) << 16).view(np.float32).reshape(info.shape)
     return dequantize(raw, info.ggml_type).reshape(info.shape)
@@ -35,6 +35,8 @@ def read(path: str, arch) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
             raise LoRAError(f"{path}: not a GGUF LoRA adapter (general.type {meta.get('general.type')!r}, "
                             f"adapter.type {meta.get('adapter.type')!r})")
+        if "adapter.alora.invocation_tokens" in meta:
+            raise LoRAError(f"{path}: an activated LoRA (aLoRA, active after its invocation tokens) is not supported")
         if f.arch != arch.name:
             raise LoRAError(f"{path}: an adapter for {f.arch!r} models, not {arch.name!r}")
         alpha = float(meta.get("adapter.lora.alpha", 0.0))

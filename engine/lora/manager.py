@@ -1,5 +1,5 @@
 """LoRAManager: the adapters the engine knows, those loaded in RAM (least recently used dropped beyond
-max_cpu_loras, read again from their path when needed), and the max_loras slots a step's rows pick from (vLLM's
+max_cpu_loras, but never one in a slot; read again from their path when needed), and the max_loras slots a step's rows pick from (vLLM's
 LoRA model manager, on the CPU: a slot's weights are copies in the stacked arrays the kernels read)."""
 from __future__ import annotations
 
@@ -71,9 +71,11 @@ class LoRAManager:
             have.check(self.shapes, self.max_lora_rank)
             self._empty_slots(req.lora_int_id)  # a slot may still hold what this id was before it left RAM
             self.loaded[req.lora_int_id] = have
-            while len(self.loaded) > self.max_cpu_loras:
-                self.loaded.popitem(last=False)
         self.loaded.move_to_end(req.lora_int_id)
+        # beyond max_cpu_loras the least recently used go, but not those in a slot: their requests may be running
+        spare = [lid for lid in self.loaded if lid not in self.slots and lid != req.lora_int_id]
+        for lid in spare[:max(0, len(self.loaded) - self.max_cpu_loras)]:
+            del self.loaded[lid]
         return have
 
     def remove(self, int_id: int) -> bool:

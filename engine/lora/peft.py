@@ -31,7 +31,8 @@ def _config(folder: str) -> dict:
     refused = {"use_dora": "DoRA", "fan_in_fan_out": "fan_in_fan_out (Conv1D) weights",
                "alpha_pattern": "per-module alpha_pattern", "layer_replication": "layer_replication",
                "target_parameters": "LoRA on parameters (target_parameters)", "lora_bias": "LoRA biases",
-               "modules_to_save": "modules_to_save (full copies of modules)"}
+               "modules_to_save": "modules_to_save (full copies of modules)",
+               "alora_invocation_tokens": "activated LoRA (aLoRA)", "use_qalora": "QALoRA"}
     for key, what in refused.items():
         if cfg.get(key):
             raise LoRAError(f"{path}: {what} is not supported")

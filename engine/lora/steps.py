@@ -27,7 +27,13 @@ class LoRASteps:
                 for s in so.scheduled:
                     if s.req_id in self.children and self.children[s.req_id].request.lora_id == lid:
                         self._fail(s.req_id, e, failures)
-        self._lora_slot_of = self.lora.activate(wanted)
+        try:
+            self._lora_slot_of = self.lora.activate(wanted)
+        except Exception as e:  # (out of memory for the slots): the adapted requests fail, the others run
+            self._lora_slot_of = {}
+            for s in so.scheduled:
+                if s.req_id in self.children and self.children[s.req_id].request.lora_id:
+                    self._fail(s.req_id, e, failures)
 
     def _lora_slot(self, child_id: str) -> int:
         """The slot of a scheduled completion's adapter this step (-1: none)."""

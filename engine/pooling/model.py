@@ -32,6 +32,8 @@ class PoolingModel:
         if params.task == "classify" and self.classifier is None:
             raise ValueError("this model has no classification head (a *ForSequenceClassification checkpoint's "
                              "score.weight): it serves embeddings, not classify")
+        if params.task == "classify" and params.normalize is not None:
+            raise ValueError("normalize is for embeddings, not classify")
         d = params.dimensions
         if d is None:
             return

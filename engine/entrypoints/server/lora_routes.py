@@ -1,6 +1,9 @@
-"""vLLM's runtime LoRA endpoints: POST /v1/load_lora_adapter (the adapter is read and checked on the engine thread
-before its name is served) and /v1/unload_lora_adapter; plain-text answers, errors in OpenAI's shape."""
+"""vLLM's runtime LoRA endpoints, on when VLLM_ALLOW_RUNTIME_LORA_UPDATING is true (else 404, as vLLM does not
+register them): POST /v1/load_lora_adapter (the adapter is read and checked on the engine thread before its name is
+served) and /v1/unload_lora_adapter; plain-text answers, errors in OpenAI's shape."""
 from __future__ import annotations
+
+import os
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
@@ -14,19 +17,26 @@ from engine.lora.request import LoRARequest
 router = APIRouter()
 
 
+RUNTIME_UPDATING = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # vLLM's switch for these endpoints, honoured as vLLM does
+
+
 def _check_enabled(st: ServerState) -> None:
+    if os.environ.get(RUNTIME_UPDATING, "").strip().lower() not in ("1", "true"):
+        raise APIError(404, f"loading and unloading LoRA adapters at runtime is off: start the server with "
+                            f"{RUNTIME_UPDATING}=True (as vLLM)", code="not_found")
     if st.engine.engine.lora is None:
         raise bad_request("LoRA is not enabled on this server (start it with --enable-lora)", "lora_name")
 
 
 @router.post("/v1/load_lora_adapter", response_class=Response,
              responses={**openapi.plain_text("The adapter was read, checked and is served under its name."),
-                        **openapi.errors(400, 401, 413)})
+                        **openapi.errors(400, 401, 413),
+                        404: {"model": openapi.ErrorResponse, "description": f"{RUNTIME_UPDATING} is not set."}})
 async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request):
     st = state_of(request)
     _check_enabled(st)
     name = body.lora_name
-    if name in st.model_names:
+    if name in st.model_names or name == st.model_path:
         raise bad_request(f"'{name}' is the base model's name", "lora_name")
     old = st.lora_modules.get(name)
     if old is not None and not body.load_inplace:
@@ -44,7 +54,8 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request):
 
 @router.post("/v1/unload_lora_adapter", response_class=Response,
              responses={**openapi.plain_text("The adapter is no longer served."), **openapi.errors(400, 401, 413),
-                        404: {"model": openapi.ErrorResponse, "description": "No adapter of that name is served."}})
+                        404: {"model": openapi.ErrorResponse, "description": f"No adapter of that name is served, or "
+                                                                              f"{RUNTIME_UPDATING} is not set."}})
 async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request):
     st = state_of(request)
     _check_enabled(st)

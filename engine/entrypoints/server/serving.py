@@ -168,6 +168,8 @@ async def add_requests(st: ServerState, base_id: str, prompts: Sequence[tuple[Op
     queued, then all are queued at once (a rejected or cancelled one aborts the others). model: the served name
     the request asked for (a LoRA adapter's runs with it)."""
     lora = st.lora_modules.get(model) if model else None
+    if model and lora is None and model not in st.model_names:  # an adapter unloaded since check_model
+        raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
     try:
         await st.off_loop(_validate_all, st.engine, prompts, params)
     except (ValueError, TypeError) as e:

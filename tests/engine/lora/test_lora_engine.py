@@ -44,7 +44,10 @@ def test_mixed_batch_equals_each_alone(setup):
     base = tokens_and_logprobs(batch[1])
     assert tokens_and_logprobs(llm.generate({"prompt_token_ids": PROMPTS[1]}, GREEDY, use_tqdm=False,
                                             lora_request=loras[2])[0]) != base  # the adapters change the answers
-    assert len(llm.llm_engine.lora.loaded) <= 2  # max_cpu_loras: the least recently used one was dropped
+    # max_cpu_loras 2: the least recently used went, but never one in a slot (both slots' adapters may be running
+    # while a third is read for a new request)
+    lora = llm.llm_engine.lora
+    assert len(lora.loaded) <= 3 and all(lid in lora.loaded for lid in lora.slots if lid)
 
 
 def test_prefix_cache_is_kept_apart_by_adapter(setup):

@@ -82,15 +82,17 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(*extra_args: str):
-    """A `ramlm serve` subprocess on a free port, answering /health; stopped on exit."""
+def running_server(*extra_args: str, env: dict | None = None):
+    """A `ramlm serve` subprocess on a free port, answering /health; stopped on exit. env: variables set for it (the
+    API key's and the runtime-LoRA switch from this process's environment are not passed on)."""
     port = free_port()
     log = tempfile.NamedTemporaryFile("w", prefix="ramlm-serve-", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "engine.entrypoints.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory", "0.5", "--api-key", API_KEY,
            "--served-model-name", MODEL, ALIAS, "--max-request-body-bytes", str(MAX_BODY),
            "--disable-access-log", "--uvicorn-log-level", "warning", *extra_args]
-    env = {k: v for k, v in os.environ.items() if k != "RAMLM_API_KEY"}
+    env = {**{k: v for k, v in os.environ.items() if k not in ("RAMLM_API_KEY", "VLLM_ALLOW_RUNTIME_LORA_UPDATING")},
+           **(env or {})}
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
     srv = Server(f"http://127.0.0.1:{port}", API_KEY, MODEL, log.name)
     try:

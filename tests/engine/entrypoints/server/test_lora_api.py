@@ -24,7 +24,7 @@ def served(tmp_path_factory):
     peft_b = save_adapter(hf, root / "b", ATTENTION, seed=2)
     with running_server("--model", str(root / "base"), "--enable-lora", "--max-loras", "2",
                         "--lora-modules", f"alpha={root / 'a'}", "--dtype", "float32", "--kv-cache-dtype",
-                        "fp32") as srv:
+                        "fp32", env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}) as srv:
         with openai.OpenAI(base_url=srv.base_url + "/v1", api_key=srv.api_key, max_retries=0, timeout=60) as c:
             yield srv, c, root, hf, peft_a, peft_b
 
@@ -78,3 +78,9 @@ def test_bad_adapters_get_400_and_change_nothing(served, tmp_path):
         assert r.status_code == 400 and words in r.json()["error"]["message"]
     assert "bad" not in {m.id for m in client.models.list().data}
     assert _completion(client, "alpha") == _greedy(peft_a, 6)
+
+
+def test_runtime_updating_is_off_unless_asked(server):
+    """Without VLLM_ALLOW_RUNTIME_LORA_UPDATING the endpoints answer 404, as vLLM (which does not register them)."""
+    r = _post(server, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/nonexistent"})
+    assert r.status_code == 404 and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" in r.json()["error"]["message"]
