@@ -62,6 +62,11 @@ class EngineArgs:
         "step reads), or auto: float32 with dtype float32, else bfloat16", choices=("auto", "float32", "bfloat16")))
     max_cpu_loras: Optional[int] = field(default=None, metadata=_meta(
         "LoRA adapters kept loaded in RAM, least recently used dropped beyond it (vLLM's); default: max_loras"))
+    hf_overrides: Optional[dict] = field(default=None, metadata=_meta(
+        'vLLM\'s hf_overrides (JSON on the command line), the keys that turn a causal LM into a one-label classifier: '
+        '{"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], '
+        '"is_original_qwen3_reranker": true} (or "method": "from_2_way_softmax"): the head is lm_head[yes] - '
+        "lm_head[no], so the score is P(yes) over the two (Qwen3-Reranker, mxbai-rerank-v2); other keys are refused"))
     structured_outputs_backend: str = field(default="auto", metadata=_meta(
         "library that compiles structured outputs (JSON schema, regex, choice, grammar) into token masks: xgrammar, "
         "guidance (llguidance), or auto: xgrammar, and guidance for what xgrammar cannot take (as vLLM)",
@@ -127,6 +132,9 @@ class EngineArgs:
             if allowed and getattr(self, f.name) is not None and getattr(self, f.name) not in allowed:
                 raise ValueError(f"{f.name} must be one of {', '.join(allowed)}, got {getattr(self, f.name)!r}")
         self.effective_prefill_dtype()
+        if self.hf_overrides is not None:
+            from engine.pooling.config import check_hf_overrides
+            check_hf_overrides(self.hf_overrides)
         if self.max_loras < 1 or self.max_lora_rank < 1:
             raise ValueError(f"max_loras ({self.max_loras}) and max_lora_rank ({self.max_lora_rank}) must be positive")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:

@@ -72,7 +72,7 @@ class LLMEngine(RequestAdmission, LoRASteps):
                                              args.enable_prefix_caching,
                                              num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0,
                                              windows=self.runner.windows)
-        self.pooling = PoolingModel.build(args, self.model, self.model_path)  # None: a generating model
+        self.pooling = PoolingModel.build(args, self.model, self.model_path, self.tokenizer)  # None: generating
         self.lora = LoRAManager.build(args, self.model, self.config)  # None without enable_lora
         self._lora_slot_of: dict[int, int] = {}  # this step's adapters: lora id -> slot
         self.speculator = Speculator.build(args.speculative_config, self.model, self.runner,

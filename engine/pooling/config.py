@@ -81,9 +81,37 @@ def class_labels(path: str) -> list[str]:
     return [str(id2label.get(str(i), f"LABEL_{i}")) for i in range(n)]
 
 
-def default_runner(path: str) -> str:
-    """runner="auto": pooling for a checkpoint whose config.json names a sequence-classification architecture (it has
-    no language-model head), generate otherwise."""
+HF_OVERRIDES = ("architectures", "classifier_from_token", "is_original_qwen3_reranker", "method")
+
+
+def check_hf_overrides(overrides: dict) -> None:
+    """ValueError unless hf_overrides holds only what ramlm does with it: a causal LM served as a one-label classifier
+    from two tokens' rows of its output matrix (vLLM's from_2_way_softmax)."""
+    if not isinstance(overrides, dict):
+        raise ValueError(f"hf_overrides must be a JSON object, got {type(overrides).__name__}")
+    unknown = sorted(set(overrides) - set(HF_OVERRIDES))
+    if unknown:
+        raise ValueError(f"hf_overrides key(s) {', '.join(unknown)} are not supported (supported: "
+                         f"{', '.join(HF_OVERRIDES)})")
+    archs = overrides.get("architectures")
+    if archs is not None and (not isinstance(archs, list) or len(archs) != 1
+                              or not str(archs[0]).endswith("ForSequenceClassification")):
+        raise ValueError(f"hf_overrides architectures {archs!r}: only one *ForSequenceClassification name is supported")
+    tokens = overrides.get("classifier_from_token")
+    two_way = overrides.get("is_original_qwen3_reranker") is True or overrides.get("method") == "from_2_way_softmax"
+    if overrides.get("method") not in (None, "from_2_way_softmax"):
+        raise ValueError(f"hf_overrides method {overrides['method']!r} is not supported (from_2_way_softmax)")
+    if tokens is not None and (not two_way or not isinstance(tokens, list) or len(tokens) != 2
+                               or not all(isinstance(t, str) for t in tokens)):
+        raise ValueError("hf_overrides classifier_from_token: two token strings, with is_original_qwen3_reranker true "
+                         "or method from_2_way_softmax (the only conversion supported)")
+    if two_way and tokens is None:
+        raise ValueError("hf_overrides: the two-way softmax needs classifier_from_token")
+
+
+def default_runner(path: str, hf_overrides: dict | None = None) -> str:
+    """runner="auto": pooling for a checkpoint whose config.json (or hf_overrides) names a sequence-classification
+    architecture (it has no language-model head), generate otherwise."""
     cfg = _read(path, "config.json") if os.path.isdir(path) else None
-    archs = (cfg or {}).get("architectures") or []
+    archs = (hf_overrides or {}).get("architectures") or (cfg or {}).get("architectures") or []
     return "pooling" if any(str(a).endswith("ForSequenceClassification") for a in archs) else "generate"

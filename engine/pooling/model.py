@@ -1,9 +1,14 @@
 """PoolingModel: what a model loaded with runner="pooling" pools with (its pooler config, the classification head and
-labels of a sequence-classification checkpoint), the checks a pooling request passes, and each request's pool."""
+labels of a sequence-classification checkpoint, or a head made from two tokens' output rows: hf_overrides), the checks a pooling request passes, and each request's pool."""
 from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+from gguf import GGMLQuantizationType as GT
+
+from cpu_kernels.quant.linear import QuantLinear
+from cpu_kernels.quant.qtypes import dequantize
 from engine.model.parts.linear import Linear, has
 from engine.pooling.config import PoolerConfig, class_labels, default_runner
 from engine.pooling.params import PoolingParams
@@ -13,19 +18,31 @@ HEAD = "cls.output.weight"  # a sequence-classification checkpoint's head (HF sc
 
 
 class PoolingModel:
-    def __init__(self, model, model_path: str, pooler_config: Optional[dict]):
+    def __init__(self, model, model_path: str, pooler_config: Optional[dict], two_way: Optional[list[int]] = None):
         self.model_path, self.hidden_size = model_path, model.config.hidden_size
         self.config = PoolerConfig.for_model(model_path, pooler_config)
-        self.classifier = Linear(model.weights, HEAD) if has(model.weights, HEAD) else None
-        self.class_labels = class_labels(model_path) if self.classifier is not None else []
+        if two_way is not None:
+            self.classifier = two_way_head(model, two_way)
+        else:
+            self.classifier = Linear(model.weights, HEAD) if has(model.weights, HEAD) else None
+        self.class_labels = class_labels(model_path) if self.classifier is not None and two_way is None else []
 
     @classmethod
-    def build(cls, args, model, model_path: str) -> Optional["PoolingModel"]:
+    def build(cls, args, model, model_path: str, tokenizer=None) -> Optional["PoolingModel"]:
         """None for a generating model (runner generate, or auto on a checkpoint with a language-model head)."""
-        runner = args.runner if args.runner != "auto" else default_runner(model_path)
+        runner = args.runner if args.runner != "auto" else default_runner(model_path, args.hf_overrides)
         if args.pooler_config is not None and runner != "pooling":
             raise ValueError("pooler_config is for pooling models: give runner='pooling' too")
-        return cls(model, model_path, args.pooler_config) if runner == "pooling" else None
+        tokens = (args.hf_overrides or {}).get("classifier_from_token")
+        if tokens is not None and runner != "pooling":
+            raise ValueError("hf_overrides classifier_from_token makes a classifier: give runner='pooling' (or "
+                             "architectures [...ForSequenceClassification]) too")
+        two_way = None
+        if tokens is not None:
+            two_way = [tokenizer.convert_tokens_to_ids(t) for t in tokens]
+            if None in two_way:
+                raise ValueError(f"hf_overrides classifier_from_token {tokens}: not tokens of this model's vocabulary")
+        return cls(model, model_path, args.pooler_config, two_way) if runner == "pooling" else None
 
     def check(self, params: PoolingParams) -> None:
         """ValueError for a pooling request this model cannot serve."""
@@ -50,6 +67,23 @@ class PoolingModel:
 
     def new_pool(self, params: PoolingParams) -> PoolingState:
         return PoolingState(self.config, params, self.classifier)
+
+
+def two_way_head(model, ids: list[int]) -> Linear:
+    """vLLM's from_2_way_softmax: a one-label head, the output matrix's row of the second token minus the first's, so
+    that its sigmoid is the second token's probability against the first (Qwen3-Reranker's P(yes) over no/yes)."""
+    ws = model.weights
+    name = "output.weight" if has(ws, "output.weight") else "token_embd.weight"
+    info = ws.info(name)
+    rows = np.asarray(ws.raw(name))[ids]
+    if info.ggml_type in (GT.F32, GT.F16):
+        rows = rows.astype(np.float32)
+    elif info.ggml_type == GT.BF16:
+        rows = (rows.astype(np.uint32) << 16).view(np.float32)
+    else:
+        rows = dequantize(rows, info.ggml_type).reshape(2, -1)
+    w = np.ascontiguousarray((rows[1].astype(np.float64) - rows[0]).astype(np.float32)[None])
+    return Linear.of(QuantLinear.from_raw(GT.F32, w, w.shape))
 
 
 def check_kind(pooling: Optional[PoolingModel], params) -> None:

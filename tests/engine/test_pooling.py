@@ -177,3 +177,23 @@ def test_a_one_label_classifier_scores_pairs_as_a_cross_encoder(tmp_path):
     assert max(o.outputs.score for o in got) - min(o.outputs.score for o in got) > 0.05  # the pairs differ
     one = llm.classify({"prompt_token_ids": [3, 4]}, use_tqdm=False)[0].outputs.probs
     assert len(one) == 1 and abs(one[0] - want([3, 4])) < 2e-3
+
+
+def test_hf_overrides_serve_a_causal_lm_as_a_two_way_reranker(tiny):
+    """vLLM's Qwen3-Reranker recipe: hf_overrides turn a causal LM into a one-label classifier whose score is the
+    second token's probability against the first at the last position (from_2_way_softmax), scoring pairs joined."""
+    folder, hf = tiny
+    overrides = {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["t5", "t9"],
+                 "is_original_qwen3_reranker": True}
+    llm = LLM(model=folder, **{**KW, "runner": "auto"}, hf_overrides=overrides)
+    got = llm.score("t3 t4", ["t7", "t100 t101"], use_tqdm=False)
+    for ids, out in zip([[3, 4, 7], [3, 4, 100, 101]], got):
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids])).logits[0, -1].double()
+        want = float(torch.softmax(logits[[5, 9]], dim=0)[1])
+        assert abs(out.outputs.score - want) < 2e-3
+    for bad, words in (({"max_position_embeddings": 4}, "not supported"),
+                       ({"classifier_from_token": ["t5", "t9"]}, "the only conversion"),
+                       ({"classifier_from_token": ["t5", "nope"], "method": "from_2_way_softmax"}, "vocabulary")):
+        with pytest.raises(ValueError, match=words):
+            LLM(model=folder, **KW, hf_overrides=bad)
