@@ -112,8 +112,8 @@ class RequestAdmission:
                       lora_id=lora.lora_int_id if lora else 0,
                       lora_name=f"{lora.lora_name}@{lora.lora_path}" if lora else None)
         pooling = self.pooling.new_pool(parent.pooling_params) if parent.pooling_params is not None else None
-        if pooling is not None and pooling.type != "LAST":  # every position's row is pooled: none may be cached
-            req.skip_prefix_cache = True
+        if pooling is not None and (pooling.type != "LAST" or self.config.bidirectional):
+            req.skip_prefix_cache = True  # every position's row is pooled, or sees later ones: none may be cached
         return ChildState(req, child_params, index, IncrementalDetokenizer(self.tokenizer, child_params, ids),
                           child_params.make_generator(),
                           logprobs=[] if child_params.logprobs is not None else None,

@@ -73,13 +73,19 @@ class LLMEngine(RequestAdmission, LoRASteps):
                                              num_cpu_blocks=self.kv_tier.num_blocks if self.kv_tier else 0,
                                              windows=self.runner.windows)
         self.pooling = PoolingModel.build(args, self.model, self.model_path, self.tokenizer)  # None: generating
+        if self.config.bidirectional and self.pooling is None:
+            raise ValueError("this model attends bidirectionally (an encoder: EmbeddingGemma): it pools, give "
+                             "runner='pooling'")
         self.lora = LoRAManager.build(args, self.model, self.config)  # None without enable_lora
         self._lora_slot_of: dict[int, int] = {}  # this step's adapters: lora id -> slot
         self.speculator = Speculator.build(args.speculative_config, self.model, self.runner,
                                            dataclasses.replace(args, max_model_len=self.max_model_len), self.config)
-        self.scheduler = Scheduler(self.kv_manager, max_num_batched_tokens=args.max_num_batched_tokens,
+        whole = self.config.bidirectional  # an encoder's prompt runs in one step: every row attends over all of it
+        self.scheduler = Scheduler(self.kv_manager, max_num_batched_tokens=max(args.max_num_batched_tokens,
+                                                                               self.max_model_len if whole else 0),
                                    max_num_seqs=args.max_num_seqs, max_model_len=self.max_model_len,
-                                   enable_chunked_prefill=args.enable_chunked_prefill, spec_step_rows=SPEC_STEP_ROWS,
+                                   enable_chunked_prefill=args.enable_chunked_prefill and not whole,
+                                   spec_step_rows=SPEC_STEP_ROWS,
                                    max_loras=args.max_loras if self.lora is not None else 0)
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
         self.sampler = Sampler(self.eos_token_ids, seed=args.seed)
@@ -116,7 +122,8 @@ class LLMEngine(RequestAdmission, LoRASteps):
         blocks = tuple(range(1, 1 + (n + 1 + bs - 1) // bs))
         hidden = self.runner.execute_hidden([SeqChunk((0,) * n, 0, blocks, "last")])
         self.runner.compute_logits(hidden[0], per_row=True)
-        self.runner.execute_hidden([SeqChunk((0,), n, blocks, "last")])
+        if not self.config.bidirectional:  # an encoder has no decode step
+            self.runner.execute_hidden([SeqChunk((0,), n, blocks, "last")])
 
     # ---- requests ----
     def has_unfinished_requests(self) -> bool:

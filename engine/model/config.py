@@ -28,6 +28,7 @@ class ModelConfig:
     attn_logit_softcap: float = 0.0   # 0 = none
     final_logit_softcap: float = 0.0  # 0 = none
     attn_scale: float = 0.0           # 0 = 1/sqrt(head_dim); gemma3 uses query_pre_attn_scalar**-0.5
+    bidirectional: bool = False       # encoder attention (EmbeddingGemma): a position sees the whole prompt
     hidden_act: str = "silu"          # silu | gelu_tanh
     # MoE (qwen3moe)
     num_experts: int = 0

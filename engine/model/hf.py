@@ -61,6 +61,8 @@ _EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|do
 _FUSED_EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj$")
 PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
              ("language_model.lm_head.", "lm_head."))
+# A bare base model's names (Qwen3Model, Gemma3TextModel: how Qwen3-Embedding and EmbeddingGemma ship)
+BARE = ("embed_tokens.", "layers.", "norm.")
 
 
 def _fail(source: str, reason: str):
@@ -170,6 +172,8 @@ class HFWeights(WeightSource):
                 for old, new in PREFIXES:
                     if hf.startswith(old):
                         hf = new + hf[len(old):]
+                if hf.startswith(BARE):
+                    hf = "model." + hf
                 hf = self.arch.hf_rename(hf, c)
                 if isinstance(self.quant, hf_quant.IntScheme) and hf.endswith((".qweight", ".weight_packed")):
                     hf = hf.rsplit(".", 1)[0] + ".weight"  # a packed module's weight (_int_entry reads the rest)

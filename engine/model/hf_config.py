@@ -58,6 +58,8 @@ def _yarn_mscale(factor: float, mscale: float) -> float:
 
 def _layer_windows(cfg: dict, arch, n: int) -> tuple[int, ...]:
     window = int(cfg.get("sliding_window") or 0)
+    if window > 0 and cfg.get("use_bidirectional_attention"):  # transformers saves (W - 1) * 2, reads W (|i - j| < W)
+        window = window // 2 + 1
     types = cfg.get("layer_types")
     if window > 0 and types:
         return tuple(window if t == "sliding_attention" else 0 for t in types)

@@ -35,7 +35,8 @@ class AttentionSpec:
     (2 head_dim rows each) and the attention output is multiplied by sigmoid(gate) before attn_output (qwen3.5).
     Gemma 4: head_dim / num_kv_heads of the layer (0 = cfg's); k_eq_v: no attn_v, V is the raw attn_k output; v_norm:
     V RMSNormed (no weight) before it is cached; kv_from >= 0: the layer computes q only and attends over layer
-    kv_from's cache (no attn_k, attn_v, attn_k_norm and no cache of its own)."""
+    kv_from's cache (no attn_k, attn_v, attn_k_norm and no cache of its own). bidirectional: encoder attention over
+    the whole prompt, which then runs in one step (EmbeddingGemma)."""
     rope: RopeSpec
     qkv_bias: bool = False
     qk_norm: bool = False
@@ -50,6 +51,7 @@ class AttentionSpec:
     k_eq_v: bool = False
     v_norm: bool = False
     kv_from: int = -1
+    bidirectional: bool = False  # every row attends over its whole prompt (a sliding layer: |i - j| < window)
 
     def dims(self, cfg) -> tuple[int, int]:
         """(head_dim, kv heads) of the layer."""

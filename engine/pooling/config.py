@@ -1,7 +1,8 @@
 """PoolerConfig: how a pooling model turns hidden states into one vector: vLLM's pooler_config (pooling_type LAST,
 MEAN or CLS, normalize), read from the model folder's sentence-transformers files where it has them (modules.json,
-the pooling module's config.json, a Normalize module), else vLLM's default for decoder models (LAST, normalized);
-Matryoshka sizes from config.json (matryoshka_dimensions, is_matryoshka)."""
+the pooling module's config.json, Dense projections after it, a Normalize module; any other module is refused),
+else vLLM's default for decoder models (LAST, normalized); Matryoshka sizes from config.json (matryoshka_dimensions,
+is_matryoshka)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
+# sentence-transformers Dense activations served (EmbeddingGemma's projections have none)
+DENSE_ACTIVATIONS = {"torch.nn.modules.linear.Identity": "identity", "torch.nn.modules.activation.Tanh": "tanh"}
+_ST_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
 _ST_MODES = {"pooling_mode_lasttoken": "LAST", "pooling_mode_mean_tokens": "MEAN", "pooling_mode_cls_token": "CLS"}
 
 
@@ -19,6 +23,7 @@ class PoolerConfig:
     normalize: bool = True
     matryoshka: bool = False
     matryoshka_dimensions: Optional[tuple[int, ...]] = None  # the sizes a model was trained for, when it says
+    dense: tuple = ()  # sentence-transformers Dense modules after the pooling: (W (out, in) f32, bias or None, act)
 
     @classmethod
     def for_model(cls, path: str, override: Optional[dict] = None) -> "PoolerConfig":
@@ -53,7 +58,14 @@ def _sentence_transformers(path: str) -> dict:
     if not isinstance(modules, list):
         return {}
     out: dict = {"normalize": any(m.get("type", "").endswith("Normalize") for m in modules)}
+    dense = []
     for m in modules:
+        kind = m.get("type", "").rsplit(".", 1)[-1]
+        if kind not in _ST_MODULES:
+            raise ValueError(f"{path}: the sentence-transformers module {m.get('type')!r} is not supported "
+                             f"({', '.join(_ST_MODULES)})")
+        if kind == "Dense":
+            dense.append(_dense(os.path.join(path, m.get("path", ""))))
         if m.get("type", "").endswith("Pooling"):
             cfg = _read(os.path.join(path, m.get("path", "")), "config.json") or {}
             modes = [t for key, t in _ST_MODES.items() if cfg.get(key)]
@@ -61,7 +73,34 @@ def _sentence_transformers(path: str) -> dict:
             if len(modes) != 1 or any(cfg.get(k) for k in others):
                 raise ValueError(f"{path}: the sentence-transformers pooling {cfg} is not one of last, mean or cls")
             out["pooling_type"] = modes[0]
+    out["dense"] = tuple(dense)
     return out
+
+
+def _dense(folder: str) -> tuple:
+    """A sentence-transformers Dense module: (W (out, in) float32, bias or None, activation name)."""
+    import numpy as np
+    cfg = _read(folder, "config.json") or {}
+    act = DENSE_ACTIVATIONS.get(cfg.get("activation_function", "torch.nn.modules.activation.Tanh"))
+    if act is None:
+        raise ValueError(f"{folder}: Dense activation {cfg.get('activation_function')!r} is not supported "
+                         f"({', '.join(DENSE_ACTIVATIONS)})")
+    st = os.path.join(folder, "model.safetensors")
+    if os.path.isfile(st):
+        from safetensors.torch import load_file
+        weights = load_file(st)
+    elif os.path.isfile(os.path.join(folder, "pytorch_model.bin")):
+        import torch
+        weights = torch.load(os.path.join(folder, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    else:
+        raise ValueError(f"{folder}: a Dense module without model.safetensors or pytorch_model.bin")
+    if "linear.weight" not in weights:
+        raise ValueError(f"{folder}: a Dense module without linear.weight")
+    w = np.ascontiguousarray(weights["linear.weight"].float().numpy())
+    b = weights.get("linear.bias")
+    if (cfg.get("in_features"), cfg.get("out_features")) not in ((None, None), (w.shape[1], w.shape[0])):
+        raise ValueError(f"{folder}: linear.weight {tuple(w.shape)} does not match in/out_features")
+    return w, (None if b is None else b.float().numpy()), act
 
 
 def _matryoshka(path: str) -> dict:

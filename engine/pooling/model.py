@@ -21,6 +21,8 @@ class PoolingModel:
     def __init__(self, model, model_path: str, pooler_config: Optional[dict], two_way: Optional[list[int]] = None):
         self.model_path, self.hidden_size = model_path, model.config.hidden_size
         self.config = PoolerConfig.for_model(model_path, pooler_config)
+        if self.config.dense:  # the vector's size is the last Dense projection's
+            self.hidden_size = self.config.dense[-1][0].shape[0]
         if two_way is not None:
             self.classifier = two_way_head(model, two_way)
         else:

@@ -17,6 +17,7 @@ class PoolingState:
         self.type = config.pooling_type
         self.normalize = config.normalize if params.normalize is None else params.normalize
         self.dimensions = params.dimensions
+        self.dense = config.dense
         self.head = head if params.task == "classify" else None
         self._sum: Optional[np.ndarray] = None  # MEAN: float64 sum of the rows so far
         self._count = 0
@@ -46,6 +47,10 @@ class PoolingState:
                 return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
             e = np.exp(logits - logits.max())
             return (e / e.sum()).astype(np.float32)
+        for w, b, act in self.dense:  # sentence-transformers Dense projections, in float64 like the pool
+            v = w.astype(np.float64) @ v + (0.0 if b is None else b)
+            if act == "tanh":
+                v = np.tanh(v)
         if self.dimensions is not None:
             v = v[:self.dimensions]
         if self.normalize:

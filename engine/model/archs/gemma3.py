@@ -38,11 +38,14 @@ class Gemma3(Architecture):
         local = (cfg.get("rope_parameters") or {}).get("sliding_attention") or {}
         kw["rope_theta_local"] = float(local.get("rope_theta", cfg.get("rope_local_base_freq", ROPE_THETA_LOCAL)))
         kw["attn_scale"] = float(cfg.get("query_pre_attn_scalar") or kw["head_dim"]) ** -0.5
+        kw["bidirectional"] = bool(cfg.get("use_bidirectional_attention"))  # EmbeddingGemma
 
     def hf_layer_windows(self, cfg: dict, num_layers: int) -> tuple[int, ...]:
         window = int(cfg.get("sliding_window") or 0)
         if window <= 0:
             return ()
+        if cfg.get("use_bidirectional_attention"):  # transformers saves (W - 1) * 2, reads W (|i - j| < W)
+            window = window // 2 + 1
         period = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or SWA_PERIOD)
         return tuple(0 if (i + 1) % period == 0 else window for i in range(num_layers))
 
@@ -53,6 +56,6 @@ class Gemma3(Architecture):
         else:
             rope = RopeSpec(cfg.rope_theta, cfg.rope_scaling, neox=True, freqs_tensor=True)
         attn = AttentionSpec(rope, qk_norm=True, sliding_window=window, softcap=cfg.attn_logit_softcap,
-                             scale=cfg.attn_scale)
+                             scale=cfg.attn_scale, bidirectional=cfg.bidirectional)
         return BlockSpec((Residual(attn, "attn_norm", "post_attention_norm"),
                           Residual(GatedMLPSpec(cfg.hidden_act), "ffn_norm", "post_ffw_norm")))

@@ -42,6 +42,9 @@ class Attention(Part):
         self.scale = spec.scale or D ** -0.5
         self.sliding_window, self.softcap, self.neox = spec.sliding_window, spec.softcap, spec.rope.neox
         self.output_gate = spec.output_gate
+        self.bidirectional = spec.bidirectional
+        if self.bidirectional and (self.softcap or self.sinks is not None or self.shared_kv):
+            raise NotImplementedError("bidirectional attention with a softcap, sinks or another layer's K/V")
         if self.output_gate and self.shared_kv:
             raise NotImplementedError("an output-gated attention reading another layer's K/V is not supported")
         self.q_stride = 2 * D if spec.output_gate else D  # columns from one q head to the next
@@ -73,7 +76,10 @@ class Attention(Part):
         # Work ~ query rows x context x heads x head_dim (a decode over a short context is tiny).
         work = t * meta.max_seq_len * self.num_heads * self.head_dim
         long_seqs = None if self.batch_invariant or rows is None else rows.bf16_attention(x)
-        if long_seqs is not None and not self.softcap and self.sinks is None and attention_sdpa.enabled():
+        if self.bidirectional:
+            out = attention_sdpa.bidirectional_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                                                         meta.block_tables, self.scale, self.sliding_window)
+        elif long_seqs is not None and not self.softcap and self.sinks is None and attention_sdpa.enabled():
             out = attention_sdpa.mixed_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                                  meta.block_tables, self.scale, self.sliding_window, long_seqs)
         else:
@@ -89,7 +95,7 @@ class Attention(Part):
         from cpu_kernels.decode_block import FusedAttention, FusedQAttention
         from cpu_kernels.quant.packed import packed
         where = self.qkv.where()
-        if where is None:
+        if where is None or self.bidirectional:  # the fused step attends causally
             return None
         groups = [lin for lin, _ in self.qkv.groups]
         qn = norm_args(self.q_norm)
@@ -124,6 +130,8 @@ class Attention(Part):
             (qn[1], kn[1], *f, vn[1]), int(self.sliding_window or 0), sinks)
 
     def to_device(self, conv, lp, kv_cache):
+        if self.bidirectional:
+            raise NotImplementedError("bidirectional attention on a GPU is not supported yet")
         from gpu_kernels.modules import DeviceAttention
         leaves = {k: conv.leaf(getattr(self, k), name, lp) for k, name in self.names.items()}
         return DeviceAttention(self, leaves["q"], leaves.get("k"), leaves.get("v"), leaves["o"], conv.norm(self.q_norm),
