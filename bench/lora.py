@@ -3,7 +3,10 @@ of random weights on every attention and MLP projection, written in PEFT's layou
 same N requests with no adapter, on one engine, alternating rounds, medians:
 
     python -m bench.lora [--model M] [--adapters 4] [--rank 16] [--concurrency 16] [--gen-tokens 128] [--rounds 3]
-                         [--lora-dtype auto|float32|bfloat16]
+                         [--lora-dtype auto|float32|bfloat16] [--prefill 1024]
+
+--prefill N also times an N-token prompt's prefill (one request, a new prompt every run: no prefix-cache hits) with
+one of the adapters against none.
 """
 from __future__ import annotations
 
@@ -41,6 +44,25 @@ def write_adapter(folder: str, linears: dict, num_layers: int, rank: int, seed: 
     return folder
 
 
+def _prefill(llm, lora, a) -> dict:
+    """tok/s of an a.prefill-token prompt (a fresh one each run) with `lora` and without, alternating, medians."""
+    from engine import SamplingParams
+    rng = np.random.default_rng(0)
+    runs = {"none": [], "lora": []}
+    for r in range(a.rounds + 1):
+        for k in runs:
+            ids = rng.integers(100, llm.llm_engine.config.vocab_size - 1, a.prefill).tolist()
+            t0 = time.perf_counter()
+            llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1), use_tqdm=False,
+                         lora_request=lora if k == "lora" else None)
+            if r:
+                runs[k].append(a.prefill / (time.perf_counter() - t0))
+    none, with_lora = median(runs["none"]), median(runs["lora"])
+    print(f"pp{a.prefill}: {with_lora:.0f} tok/s with a rank-{a.rank} adapter against {none:.0f} without "
+          f"({with_lora / none:.2f}x)")
+    return {"tokens": a.prefill, "none_tok_s": none, "lora_tok_s": with_lora, "ratio": with_lora / none, "runs": runs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
@@ -50,10 +72,12 @@ def main() -> None:
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--lora-dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    ap.add_argument("--prefill", type=int, default=0, help="also time an N-token prefill with and without an adapter")
     a = ap.parse_args()
     from engine import LLM, LoRARequest, SamplingParams
     from engine.lora.manager import adaptable
-    llm = LLM(model=a.model, enable_lora=True, max_loras=a.adapters, max_lora_rank=a.rank, max_model_len=1024,
+    llm = LLM(model=a.model, enable_lora=True, max_loras=a.adapters, max_lora_rank=a.rank,
+              max_model_len=max(1024, a.prefill + 16),
               lora_dtype=a.lora_dtype)
     llm.llm_engine.import_torch_now()
     eng = llm.llm_engine
@@ -75,7 +99,8 @@ def main() -> None:
     none, lora = median(runs["none"]), median(runs["lora"])
     print(f"{a.concurrency} requests, {a.adapters} rank-{a.rank} adapters: {lora:.1f} tok/s against {none:.1f} with "
           f"no adapter ({lora / none:.2f}x)")
-    write_result("lora", {"model": eng.model_path, "adapters": a.adapters, "rank": a.rank,
+    prefill = _prefill(llm, loras[0], a) if a.prefill else None
+    write_result("lora", {"model": eng.model_path, "adapters": a.adapters, "rank": a.rank, "prefill": prefill,
                           "lora_dtype": eng.lora.dtype,
                           "concurrency": a.concurrency, "gen_tokens": a.gen_tokens, "none_tok_s": none,
                           "lora_tok_s": lora, "ratio": lora / none, "runs": runs})
