@@ -23,7 +23,7 @@ class PoolerConfig:
     normalize: bool = True
     matryoshka: bool = False
     matryoshka_dimensions: Optional[tuple[int, ...]] = None  # the sizes a model was trained for, when it says
-    dense: tuple = ()  # sentence-transformers Dense modules after the pooling: (W (out, in) f32, bias or None, act)
+    dense: tuple = ()  # sentence-transformers Dense modules after the pooling: (W (out, in) f64, bias or None, act)
 
     @classmethod
     def for_model(cls, path: str, override: Optional[dict] = None) -> "PoolerConfig":
@@ -78,7 +78,7 @@ def _sentence_transformers(path: str) -> dict:
 
 
 def _dense(folder: str) -> tuple:
-    """A sentence-transformers Dense module: (W (out, in) float32, bias or None, activation name)."""
+    """A sentence-transformers Dense module: (W (out, in) float64, bias or None, activation name)."""
     import numpy as np
     cfg = _read(folder, "config.json") or {}
     act = DENSE_ACTIVATIONS.get(cfg.get("activation_function", "torch.nn.modules.activation.Tanh"))
@@ -96,11 +96,11 @@ def _dense(folder: str) -> tuple:
         raise ValueError(f"{folder}: a Dense module without model.safetensors or pytorch_model.bin")
     if "linear.weight" not in weights:
         raise ValueError(f"{folder}: a Dense module without linear.weight")
-    w = np.ascontiguousarray(weights["linear.weight"].float().numpy())
+    w = np.ascontiguousarray(weights["linear.weight"].double().numpy())  # float64 once, as the pool is summed
     b = weights.get("linear.bias")
     if (cfg.get("in_features"), cfg.get("out_features")) not in ((None, None), (w.shape[1], w.shape[0])):
         raise ValueError(f"{folder}: linear.weight {tuple(w.shape)} does not match in/out_features")
-    return w, (None if b is None else b.float().numpy()), act
+    return w, (None if b is None else b.double().numpy()), act
 
 
 def _matryoshka(path: str) -> dict:

@@ -48,7 +48,7 @@ class PoolingState:
             e = np.exp(logits - logits.max())
             return (e / e.sum()).astype(np.float32)
         for w, b, act in self.dense:  # sentence-transformers Dense projections, in float64 like the pool
-            v = w.astype(np.float64) @ v + (0.0 if b is None else b)
+            v = w @ v + (0.0 if b is None else b)
             if act == "tanh":
                 v = np.tanh(v)
         if self.dimensions is not None:

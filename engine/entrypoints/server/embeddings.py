@@ -99,21 +99,15 @@ async def pooled(request: Request, st, rid: str, prompts, params: PoolingParams,
 async def create_score(body: ScoreRequest, request: Request):
     st = state_of(request)
     model = st.check_model(body.model)
+    cross = is_cross_encoder(st.engine.engine.pooling)
     first = await _token_ids(st, body.text_1, True, body.truncate_prompt_tokens, "text_1")
-    second = await _token_ids(st, body.text_2, True, body.truncate_prompt_tokens, "text_2")
+    second = await _token_ids(st, body.text_2, not cross, body.truncate_prompt_tokens, "text_2")
     try:
         pairs = pair_up(first, second)
     except ValueError as e:
         raise bad_request(str(e), "text_1") from e
     rid = f"score-{uuid.uuid4().hex}"
-    if is_cross_encoder(st.engine.engine.pooling):
-        second = await _token_ids(st, body.text_2, False, body.truncate_prompt_tokens, "text_2")
-        scores = await _cross_scores(request, st, rid, [(first[i][1], second[j][1]) for i, j in pairs], model)
-        tokens = sum(len(first[i][1]) + len(second[j][1]) for i, j in pairs)  # each pair runs once
-    else:
-        vecs = await pooled(request, st, rid, first + second, PoolingParams(normalize=True), model)
-        scores = None if vecs is None else [cosine(vecs[i], vecs[len(first) + j]) for i, j in pairs]
-        tokens = sum(len(ids) for _, ids in first + second)  # each text runs once
+    scores, tokens = await _pair_scores(request, st, rid, first, second, pairs, model, cross)
     if scores is None:
         return Response(status_code=499)
     data = [{"index": n, "object": "score", "score": v} for n, v in enumerate(scores)]
@@ -127,17 +121,12 @@ async def create_score(body: ScoreRequest, request: Request):
 async def create_rerank(body: RerankRequest, request: Request):
     st = state_of(request)
     model = st.check_model(body.model)
+    cross = is_cross_encoder(st.engine.engine.pooling)
     query = await _token_ids(st, body.query, True, body.truncate_prompt_tokens, "query")
-    docs = await _token_ids(st, body.documents, True, body.truncate_prompt_tokens, "documents")
+    docs = await _token_ids(st, body.documents, not cross, body.truncate_prompt_tokens, "documents")
     rid = f"rerank-{uuid.uuid4().hex}"
-    if is_cross_encoder(st.engine.engine.pooling):
-        docs = await _token_ids(st, body.documents, False, body.truncate_prompt_tokens, "documents")
-        scores = await _cross_scores(request, st, rid, [(query[0][1], d) for _, d in docs], model)
-        tokens = sum(len(query[0][1]) + len(d) for _, d in docs)  # the query runs with every document
-    else:
-        vecs = await pooled(request, st, rid, query + docs, PoolingParams(normalize=True), model)
-        scores = None if vecs is None else [cosine(vecs[0], v) for v in vecs[1:]]
-        tokens = sum(len(ids) for _, ids in query + docs)  # the query runs once, not once per document
+    scores, tokens = await _pair_scores(request, st, rid, query, docs, [(0, j) for j in range(len(docs))], model,
+                                        cross)
     if scores is None:
         return Response(status_code=499)
     order = sorted(range(len(docs)), key=lambda i: -scores[i])[:body.top_n or None]
@@ -146,11 +135,17 @@ async def create_rerank(body: RerankRequest, request: Request):
     return {"id": rid, "model": model, "usage": {"total_tokens": tokens}, "results": results}
 
 
-async def _cross_scores(request: Request, st, rid: str, pairs: list, model) -> list[float] | None:
-    """A cross-encoder's score of each (first ids, second ids) pair: its one-label probability over the joined
-    tokens (None: the client left)."""
-    probs = await pooled(request, st, rid, [(None, a + b) for a, b in pairs], PoolingParams(task="classify"), model)
-    return None if probs is None else [float(p[0]) for p in probs]
+async def _pair_scores(request: Request, st, rid: str, first, second, pairs, model, cross: bool):
+    """(each pair's score or None when the client left, prompt tokens run). An embedding model: the cosine of the two
+    texts' vectors, each text run once. A cross-encoder: its one-label probability over the pair joined (the second
+    side tokenized without special tokens), each pair run once."""
+    if cross:
+        joined = [(None, first[i][1] + second[j][1]) for i, j in pairs]
+        probs = await pooled(request, st, rid, joined, PoolingParams(task="classify"), model)
+        return (None if probs is None else [float(p[0]) for p in probs]), sum(len(ids) for _, ids in joined)
+    vecs = await pooled(request, st, rid, first + second, PoolingParams(normalize=True), model)
+    scores = None if vecs is None else [cosine(vecs[i], vecs[len(first) + j]) for i, j in pairs]
+    return scores, sum(len(ids) for _, ids in first + second)
 
 
 @router.post("/classify", response_model=ClassificationResponse,
