@@ -1,6 +1,7 @@
-"""Pooling models' endpoints (runner="pooling"): vLLM's /pooling (the pooled output as it is), OpenAI's /v1/embeddings (strings or token ids in, one vector per input,
-as floats or base64: little-endian float32, what the openai SDK asks for by default), and vLLM's /score and /rerank
-(Jina's and Cohere's shape), scored as vLLM scores with an embedding model: the cosine of the two texts' vectors."""
+"""Pooling models' endpoints (runner="pooling"): vLLM's /pooling (the pooled output as it is), OpenAI's /v1/embeddings
+(strings or token ids in, one vector per input, as floats or base64: little-endian float32, what the openai SDK asks
+for by default), and vLLM's /score and /rerank (Jina's and Cohere's shape), scored as vLLM scores: the cosine of the
+two texts' vectors with an embedding model, a cross-encoder's score of the two joined."""
 from __future__ import annotations
 
 import base64

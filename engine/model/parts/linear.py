@@ -52,8 +52,8 @@ class Linear:
 
     def __call__(self, x: np.ndarray, rows=None, per_row: bool = False, scratch: np.ndarray | None = None,
                  dense_dtype: str | None = None):
-        """rows: the batch's RowGroups (with its rows' LoRA slots, which add this weight's adapter updates) (None: x is not the batch's rows, e.g. one expert's). per_row: every row
-        runs the M = 1 kernel (rows of different sequences, e.g. sampled rows). scratch: f32 (T, N) the result of a
+        """rows: the batch's RowGroups, with its rows' LoRA slots (None: x is not the batch's rows, e.g. one
+        expert's). per_row: every row runs the M = 1 kernel (rows of different sequences, e.g. sampled rows). scratch: f32 (T, N) the result of a
         long prefill chunk may be written into (the caller's own buffer). dense_dtype: for rows that are not the
         batch's, the dense path's precision (default float32; MoE experts pass the model's, so that the formats'
         fastest prefill kernels run)."""
@@ -66,7 +66,7 @@ class Linear:
             with serial_if(True):
                 y = self._matmul(x, rows, per_row, scratch, dense_dtype)
         if self.lora is not None:
-            add_lora(self.lora, x_in, y, rows)
+            add_lora([(self.lora, 0)], x_in, y, rows)
         return y
 
     def _matmul(self, x: np.ndarray, rows, per_row: bool, scratch: np.ndarray | None = None,
@@ -90,11 +90,12 @@ class Linear:
         return y
 
 
-def add_lora(lora, x: np.ndarray, y: np.ndarray, rows, col0: int = 0) -> None:
-    """Adds the adapters' updates of the rows that have one (rows.lora_slots) to y's columns from col0."""
+def add_lora(parts: list, x: np.ndarray, y: np.ndarray, rows) -> None:
+    """Adds the adapters' updates of the rows that have one (rows.lora_slots): parts [(SlotWeights, first column of
+    y)], weights that read the same x, in one kernel call."""
     slots = getattr(rows, "lora_slots", None)
-    if slots is not None and rows.applies_to(x):
-        lora.add(x, y, slots, col0, rows.lora_order)
+    if parts and slots is not None and rows.applies_to(x):
+        add_parts(parts, x, y, slots, rows.lora_order)
 
 
 # glibc serves requests up to 32 MiB from its heap and reuses them; larger ones are fresh mappings, faulted in page
@@ -195,7 +196,4 @@ class Projections:
 
     def _add_lora(self, x: np.ndarray, y: np.ndarray, rows, spans) -> None:
         """The stacked parts' adapter updates, each into its columns of the stacked output, in one kernel call."""
-        parts = [(self.parts[i].lora, lo) for i, lo, _hi in spans if self.parts[i].lora is not None]
-        slots = getattr(rows, "lora_slots", None)
-        if parts and slots is not None and rows.applies_to(x):
-            add_parts(parts, x, y, slots, rows.lora_order)
+        add_lora([(self.parts[i].lora, lo) for i, lo, _hi in spans if self.parts[i].lora is not None], x, y, rows)
