@@ -53,8 +53,8 @@ class Linear:
     def __call__(self, x: np.ndarray, rows=None, per_row: bool = False, scratch: np.ndarray | None = None,
                  dense_dtype: str | None = None):
         """rows: the batch's RowGroups, with its rows' LoRA slots (None: x is not the batch's rows, e.g. one
-        expert's). per_row: every row runs the M = 1 kernel (rows of different sequences, e.g. sampled rows). scratch: f32 (T, N) the result of a
-        long prefill chunk may be written into (the caller's own buffer). dense_dtype: for rows that are not the
+        expert's). per_row: every row runs the M = 1 kernel (rows of different sequences, e.g. sampled rows).
+        scratch: f32 (T, N) the result of a long prefill chunk may be written into (the caller's own buffer). dense_dtype: for rows that are not the
         batch's, the dense path's precision (default float32; MoE experts pass the model's, so that the formats'
         fastest prefill kernels run)."""
         x_in = x
