@@ -54,9 +54,9 @@ class Linear:
                  dense_dtype: str | None = None):
         """rows: the batch's RowGroups, with its rows' LoRA slots (None: x is not the batch's rows, e.g. one
         expert's). per_row: every row runs the M = 1 kernel (rows of different sequences, e.g. sampled rows).
-        scratch: f32 (T, N) the result of a long prefill chunk may be written into (the caller's own buffer). dense_dtype: for rows that are not the
-        batch's, the dense path's precision (default float32; MoE experts pass the model's, so that the formats'
-        fastest prefill kernels run)."""
+        scratch: f32 (T, N) the result of a long prefill chunk may be written into (the caller's own buffer).
+        dense_dtype: for rows that are not the batch's, the dense path's precision (default float32; MoE experts pass
+        the model's, so that the formats' fastest prefill kernels run)."""
         x_in = x
         if self.in_perm is not None:
             x = np.take(x, self.in_perm, axis=-1)
