@@ -74,7 +74,7 @@ class LLMEngine(RequestAdmission, LoRASteps):
                                              windows=self.runner.windows)
         self.pooling = PoolingModel.build(args, self.model, self.model_path, self.tokenizer)  # None: generating
         if self.config.bidirectional and self.pooling is None:
-            raise ValueError("this model attends bidirectionally (an encoder: EmbeddingGemma): it pools, give "
+            raise ValueError("this model attends bidirectionally (an encoder: EmbeddingGemma, BERT): it pools, give "
                              "runner='pooling'")
         self.lora = LoRAManager.build(args, self.model, self.config)  # None without enable_lora
         self._lora_slot_of: dict[int, int] = {}  # this step's adapters: lora id -> slot

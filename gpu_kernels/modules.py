@@ -125,6 +125,16 @@ class DeviceGatedMLP:
         return self.down(self.act(self.gate(x), self.up(x)))
 
 
+class DeviceMLP:
+    """down(gelu(up(x))), the exact (erf) GELU; the leaves carry their biases."""
+
+    def __init__(self, up, down):
+        self.up, self.down = up, down
+
+    def __call__(self, x: torch.Tensor, batch=None, kv=None) -> torch.Tensor:
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
 class DeviceMoE:
     """Router -> top-k experts per token (ties to the lower id, as the CPU MoE) -> weighted sum, plus the shared
     expert. scoring softmax | sigmoid | topk_softmax; selection_bias joins the choice only; n_group/topk_group

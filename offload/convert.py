@@ -82,6 +82,9 @@ class Converter:
     # ---- blocks
     def block(self, blk, layer: int, lp, kv_cache=None):
         """The device twin of a CPU Block (engine/model/block.py), step by step."""
+        if not getattr(blk, "rms", True):
+            raise NotImplementedError(f"layer {layer}: LayerNorm and post-norm blocks (BERT) run on the CPU only: "
+                                      "leave n_gpu_layers at 0")
         steps = [(self.norm(pre), part.to_device(self, lp, kv_cache), self.norm(post))
                  for pre, part, post in zip(blk.pre, blk.parts, blk.post)]
         return dm.DeviceBlock(self.ctx, layer, steps, getattr(blk, "out_scale", None))

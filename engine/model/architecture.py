@@ -16,10 +16,14 @@ class Architecture:
     embed_scale: bool = False            # embeddings times sqrt(hidden_size) (Gemma)
     rope_neox: bool = True               # RoPE pairs (i, i + d/2); llama's permuted GGUF rows pair (2i, 2i + 1)
     dense_ffn: bool = True               # every layer has a dense MLP of feed_forward_length (False: MoE layers)
+    final_norm: bool = True              # output_norm after the last layer (BERT's layers end normed)
+    encoder: bool = False                # bidirectional attention only: the model pools, it never generates
     gguf_per_layer_keys: tuple[str, ...] = ()  # GGUF keys that may be per-layer arrays: the shared reader takes
                                                # layer 0's value, gguf_config reads the whole array
+    gguf_norm_eps_key: str = "attention.layer_norm_rms_epsilon"  # the norms' epsilon (BERT's LayerNorms: its own)
     # HF folders
     hf_layer_map: dict[str, str] = {}    # per-layer HF module -> GGUF tensor base, beside hf.LAYER_MAP
+    hf_model_map: dict[str, str] = {}    # model-level HF tensor (after hf_rename) -> GGUF tensor
     hf_permute_qk: bool = False          # Q/K rows permuted as llama.cpp's converter does for llama
     hf_norm_offset: float = 0.0          # added to every RMSNorm weight (Gemma stores w, GGUF holds 1 + w)
     hf_plain_norms: tuple[str, ...] = () # GGUF norm names hf_norm_offset leaves alone (stored plain in HF too)
@@ -86,7 +90,14 @@ class Architecture:
         """A spec.PerLayerEmbeddingSpec when tokens carry per-layer embeddings (computed before the layers)."""
         return None
 
+    def absolute_embedding(self, cfg):
+        """A spec.AbsoluteEmbeddingSpec when tokens carry learned absolute positions (BERT), else None."""
+        return None
+
     def model_tensors(self, cfg) -> dict[str, tuple[int, ...]]:
         """Model-level tensors beyond token_embd, output_norm and output (GGUF names, numpy shapes)."""
-        spec = self.per_layer_embedding(cfg)
-        return spec.tensors(cfg) if spec is not None else {}
+        out = {}
+        for spec in (self.per_layer_embedding(cfg), self.absolute_embedding(cfg)):
+            if spec is not None:
+                out.update(spec.tensors(cfg))
+        return out

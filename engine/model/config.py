@@ -29,7 +29,9 @@ class ModelConfig:
     final_logit_softcap: float = 0.0  # 0 = none
     attn_scale: float = 0.0           # 0 = 1/sqrt(head_dim); gemma3 uses query_pre_attn_scalar**-0.5
     bidirectional: bool = False       # encoder attention (EmbeddingGemma): a position sees the whole prompt
-    hidden_act: str = "silu"          # silu | gelu_tanh
+    hidden_act: str = "silu"          # silu | gelu_tanh | gelu (erf: BERT's plain MLP)
+    type_vocab_size: int = 0          # BERT's token types (token_types.weight rows)
+    pooling_type: str = ""            # the model's own pooling (MEAN, CLS, LAST; GGUF pooling_type), "" = none said
     # MoE (qwen3moe)
     num_experts: int = 0
     num_experts_per_tok: int = 0

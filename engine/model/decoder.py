@@ -15,9 +15,14 @@ from engine.model.config import ModelConfig
 from engine.model.parts.linear import Linear, has
 from engine.model.parts.norm import RMSNorm
 from engine.model.parts.per_layer import STEP_KEY, PerLayerEmbeddings
+from engine.model.parts.positions import AbsoluteEmbeddings
 from engine.worker.batch import BatchMetadata, RowGroups
 
 DEFAULT_STATE_SLOTS = 8
+
+
+def _identity(x: np.ndarray) -> np.ndarray:
+    return x  # no final norm: the last layer's rows are the output
 
 
 class DecoderModel:
@@ -28,7 +33,7 @@ class DecoderModel:
         self.prefill_dtype = "auto"  # the long prefill chunks' precision (EngineArgs.prefill_dtype, from dtype)
         ws = weights
         self.embed = Linear(ws, "token_embd.weight", None, batch_invariant)
-        self.final_norm = RMSNorm(ws, "output_norm.weight", config.rms_norm_eps)
+        self.final_norm = RMSNorm(ws, "output_norm.weight", config.rms_norm_eps) if arch.final_norm else _identity
         tied = config.tie_word_embeddings or not has(ws, "output.weight")
         self.lm_head = self.embed if tied else Linear(ws, "output.weight", None, batch_invariant)
         shared: dict = {}  # what layers share (RoPE tables)
@@ -43,6 +48,8 @@ class DecoderModel:
         self.kv_sources = [kv.shared_from if kv.shared_from >= 0 else i for i, kv in enumerate(self.kv_layout)]
         ple = arch.per_layer_embedding(config)
         self.per_layer = PerLayerEmbeddings(ple, ws, config, batch_invariant) if ple is not None else None
+        absolute = arch.absolute_embedding(config)
+        self.absolute = AbsoluteEmbeddings(absolute, ws, config) if absolute is not None else None
         self.layer_groups = layer_groups(self.kv_layout)  # each layer's cache group (its block tables)
         self.lora_embed = self.lora_head = None  # lora/slots.SlotWeights once an adapter adapts them
 
@@ -58,6 +65,8 @@ class DecoderModel:
     def forward(self, meta: BatchMetadata, kv_caches: list) -> np.ndarray:
         """Runs all blocks over the flattened batch; returns hidden states (T, H) before the final norm."""
         x = self.embed_tokens(meta.input_ids, meta.lora_slots)
+        if self.absolute is not None:
+            x = self.absolute(x, meta.positions)
         meta = dataclasses.replace(meta, rows=RowGroups(meta.query_start_loc, self.prefill_dtype, meta.lora_slots))
         if self.per_layer is not None:  # every layer's share, once per token
             meta.step_cache[STEP_KEY] = self.per_layer(meta.input_ids, x, meta.rows)

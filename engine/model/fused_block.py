@@ -83,6 +83,8 @@ class FusedBlock:
     def _build(self):
         """block_step's (first norm, steps) for this block, or False when a part cannot run fused."""
         b = self.block
+        if not b.rms:  # the compiled step norms with RMSNorm before and after parts only
+            return False
         parts = [p.fused() for p in b.parts]
         if any(f is None for f in parts):
             return False

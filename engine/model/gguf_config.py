@@ -140,7 +140,7 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=m.num("attention.layer_norm_rms_epsilon", required=True, kind=float),
+        rms_norm_eps=m.num(arch.gguf_norm_eps_key, required=True, kind=float),
         rope_theta=m.num("rope.freq_base", 10000.0, kind=float),
         rope_scaling=_rope_scaling(m),
         rope_dim=rope_dim if rope_dim != head_dim else 0,

@@ -194,6 +194,8 @@ class HFWeights(WeightSource):
                 self._add("output.weight", c, src)
             elif hf == "score.weight":  # a *ForSequenceClassification head (llama.cpp's cls.output)
                 self._add("cls.output.weight", c, src)
+            elif hf in self.arch.hf_model_map:
+                self._add(self.arch.hf_model_map[hf], c, src)
             elif m := _EXPERT_RE.match(hf):
                 experts.setdefault((int(m[1]), m[3]), {})[int(m[2])] = src
             elif m := _FUSED_EXPERT_RE.match(hf):

@@ -72,7 +72,9 @@ def _act(cfg: dict, source: str) -> str:
         return "silu"
     if act in ("gelu_pytorch_tanh", "gelu_tanh"):
         return "gelu_tanh"
-    _fail(source, f"activation '{act}' is not supported (silu, gelu_pytorch_tanh)")
+    if act == "gelu":
+        return "gelu"
+    _fail(source, f"activation '{act}' is not supported (silu, gelu_pytorch_tanh, gelu)")
 
 
 def config_from_hf(config_json: dict, source: str = "config.json") -> ModelConfig:

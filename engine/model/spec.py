@@ -1,8 +1,8 @@
 """What a layer is made of, as plain data: an architecture file returns one BlockSpec per layer, and everything
 else is derived from it (the CPU modules, the fused decode step, the GPU modules, the tensors a file must hold).
 
-A block is residual steps, each `x = x + post(part(pre(x)))` where pre and post are RMSNorms (or absent) and
-part is one of the part specs below. Tensor names are GGUF's, relative to the layer (`blk.{i}.`).
+A block is residual steps, each `x = after(x + post(part(pre(x))))` where pre, post and after are norms (or absent:
+RMSNorms, or LayerNorms with a bias where BlockSpec.norm says so) and part is one of the part specs below. Tensor names are GGUF's, relative to the layer (`blk.{i}.`).
 """
 from __future__ import annotations
 
@@ -36,8 +36,9 @@ class AttentionSpec:
     Gemma 4: head_dim / num_kv_heads of the layer (0 = cfg's); k_eq_v: no attn_v, V is the raw attn_k output; v_norm:
     V RMSNormed (no weight) before it is cached; kv_from >= 0: the layer computes q only and attends over layer
     kv_from's cache (no attn_k, attn_v, attn_k_norm and no cache of its own). bidirectional: encoder attention over
-    the whole prompt, which then runs in one step (EmbeddingGemma)."""
-    rope: RopeSpec
+    the whole prompt, which then runs in one step (EmbeddingGemma). rope None: no rotation (absolute position
+    embeddings, BERT)."""
+    rope: RopeSpec | None
     qkv_bias: bool = False
     qk_norm: bool = False
     sliding_window: int = 0
@@ -130,6 +131,20 @@ class GatedMLPSpec:
         H, F = cfg.hidden_size, self.width or cfg.intermediate_size
         n = self.names()
         return {n["gate"]: (F, H), n["up"]: (F, H), n["down"]: (H, F)}
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    """down(act(up(x))) over ffn_up/ffn_down, with their .bias where bias (BERT's feed-forward); act: gelu (erf)."""
+    act: str = "gelu"
+    bias: bool = True
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        H, F = cfg.hidden_size, cfg.intermediate_size
+        out = {"ffn_up.weight": (F, H), "ffn_down.weight": (H, F)}
+        if self.bias:
+            out.update({"ffn_up.bias": (F,), "ffn_down.bias": (H,)})
+        return out
 
 
 @dataclass(frozen=True)
@@ -259,27 +274,49 @@ class PerLayerEmbeddingSpec:
 
 
 @dataclass(frozen=True)
+class AbsoluteEmbeddingSpec:
+    """Learned absolute positions (BERT's embeddings): LayerNorm(x + position_embd[pos] + token_types[type]), x the
+    token embedding, norm token_embd_norm (.weight, .bias). Positions count from 0 (RoBERTa's first padding_idx + 1
+    rows are dropped at load, as llama.cpp's converter drops them)."""
+    num_positions: int
+    num_types: int
+
+    def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
+        H = cfg.hidden_size
+        out = {"position_embd.weight": (self.num_positions, H), "token_embd_norm.weight": (H,),
+               "token_embd_norm.bias": (H,)}
+        if self.num_types:
+            out["token_types.weight"] = (self.num_types, H)
+        return out
+
+
+@dataclass(frozen=True)
 class Residual:
-    """x = x + post(part(pre(x))); pre and post are RMSNorm weight tensors (None: no norm)."""
+    """x = after(x + post(part(pre(x)))); pre, post and after name norm tensors (None: no norm); after: post-norm
+    (BERT's LayerNorm of the residual sum)."""
     part: object
     pre: str | None
     post: str | None = None
+    after: str | None = None
 
 
 @dataclass(frozen=True)
 class BlockSpec:
     """The residual steps in order; out_scale: a (1,) tensor multiplying the block's output (Gemma 4's layer scalar),
-    used where the file has it."""
+    used where the file has it. norm: "rms" (RMSNorm, .weight) or "layer" (LayerNorm, .weight and .bias)."""
     steps: tuple[Residual, ...]
     out_scale: str | None = None
+    norm: str = "rms"
 
     def tensors(self, cfg) -> dict[str, tuple[int, ...]]:
         """Every tensor of the layer (names relative to blk.{i}.) and its shape (numpy order)."""
         out: dict[str, tuple[int, ...]] = {}
         for st in self.steps:
-            for norm in (st.pre, st.post):
+            for norm in (st.pre, st.post, st.after):
                 if norm:
                     out[norm + ".weight"] = (cfg.hidden_size,)
+                    if self.norm == "layer":
+                        out[norm + ".bias"] = (cfg.hidden_size,)
             out.update(st.part.tensors(cfg))
         if self.out_scale:
             out[self.out_scale] = (1,)

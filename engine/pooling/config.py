@@ -1,7 +1,7 @@
 """PoolerConfig: how a pooling model turns hidden states into one vector: vLLM's pooler_config (pooling_type LAST,
 MEAN or CLS, normalize), read from the model folder's sentence-transformers files where it has them (modules.json,
 the pooling module's config.json, Dense projections after it, a Normalize module; any other module is refused),
-else vLLM's default for decoder models (LAST, normalized); Matryoshka sizes from config.json (matryoshka_dimensions,
+else the model's own (BERT: CLS; a GGUF file's pooling_type) or vLLM's default for decoder models (LAST), normalized; Matryoshka sizes from config.json (matryoshka_dimensions,
 is_matryoshka)."""
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ class PoolerConfig:
     dense: tuple = ()  # sentence-transformers Dense modules after the pooling: (W (out, in) f64, bias or None, act)
 
     @classmethod
-    def for_model(cls, path: str, override: Optional[dict] = None) -> "PoolerConfig":
-        kw = {**_sentence_transformers(path), **_matryoshka(path)}
+    def for_model(cls, path: str, override: Optional[dict] = None, default_type: str = "LAST") -> "PoolerConfig":
+        kw = {"pooling_type": default_type, **_sentence_transformers(path), **_matryoshka(path)}
         override = dict(override or {})
         for key in ("pooling_type", "normalize"):
             if key in override:

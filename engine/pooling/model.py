@@ -14,25 +14,28 @@ from engine.pooling.config import PoolerConfig, class_labels, default_runner
 from engine.pooling.params import PoolingParams
 from engine.pooling.pooler import PoolingState
 
-HEAD = "cls.output.weight"  # a sequence-classification checkpoint's head (HF score.weight)
+HEAD = "cls.output.weight"  # a sequence-classification checkpoint's head (HF score.weight, BERT's classifier)
+DENSE = "cls.weight"        # BERT's pooler / RoBERTa's classifier.dense before it, through tanh
 
 
 class PoolingModel:
     def __init__(self, model, model_path: str, pooler_config: Optional[dict], two_way: Optional[list[int]] = None):
         self.model_path, self.hidden_size = model_path, model.config.hidden_size
-        self.config = PoolerConfig.for_model(model_path, pooler_config)
+        self.config = PoolerConfig.for_model(model_path, pooler_config, model.config.pooling_type or "LAST")
         if self.config.dense:  # the vector's size is the last Dense projection's
             self.hidden_size = self.config.dense[-1][0].shape[0]
         if two_way is not None:
             self.classifier = two_way_head(model, two_way)
         else:
-            self.classifier = Linear(model.weights, HEAD) if has(model.weights, HEAD) else None
+            self.classifier = ClassifierHead(model.weights) if has(model.weights, HEAD) else None
         self.class_labels = class_labels(model_path) if self.classifier is not None and two_way is None else []
 
     @classmethod
     def build(cls, args, model, model_path: str, tokenizer=None) -> Optional["PoolingModel"]:
         """None for a generating model (runner generate, or auto on a checkpoint with a language-model head)."""
-        runner = args.runner if args.runner != "auto" else default_runner(model_path, args.hf_overrides)
+        runner = args.runner
+        if runner == "auto":  # an encoder (BERT) only pools
+            runner = "pooling" if model.arch.encoder else default_runner(model_path, args.hf_overrides)
         if args.pooler_config is not None and runner != "pooling":
             raise ValueError("pooler_config is for pooling models: give runner='pooling' too")
         tokens = (args.hf_overrides or {}).get("classifier_from_token")
@@ -69,6 +72,24 @@ class PoolingModel:
 
     def new_pool(self, params: PoolingParams) -> PoolingState:
         return PoolingState(self.config, params, self.classifier)
+
+
+class ClassifierHead:
+    """Pooled rows -> class logits: cls.output (+ bias), after tanh(cls (+ bias)) where the model has that dense layer
+    (BERT's pooler, RoBERTa's classification head; llama.cpp's rank pooling)."""
+
+    def __init__(self, ws):
+        self.dense = Linear(ws, DENSE, "cls.bias") if has(ws, DENSE) else None
+        self.out = Linear(ws, HEAD, "cls.output.bias")
+
+    @property
+    def out_features(self) -> int:
+        return self.out.out_features
+
+    def __call__(self, x: np.ndarray, per_row: bool = False) -> np.ndarray:
+        if self.dense is not None:
+            x = np.tanh(self.dense(x, per_row=per_row))
+        return self.out(x, per_row=per_row)
 
 
 def two_way_head(model, ids: list[int]) -> Linear:

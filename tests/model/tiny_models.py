@@ -68,6 +68,13 @@ def tiny_config(arch: str):
         return transformers.Gemma4TextConfig(**dict(GEMMA4, num_hidden_layers=4, layer_types=GEMMA4_TYPES[2:]),
                                              hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=8,
                                              top_k_experts=2, moe_intermediate_size=128)
+    if arch in ENCODERS:  # BERT's layout; RoBERTa's positions start after padding_idx, one token type
+        kw = dict(vocab_size=256, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
+                  max_position_embeddings=64, layer_norm_eps=1e-12)
+        if arch == "bert":
+            return transformers.BertConfig(**kw, type_vocab_size=2)
+        cls = transformers.RobertaConfig if arch == "roberta" else transformers.XLMRobertaConfig
+        return cls(**dict(kw, max_position_embeddings=66), type_vocab_size=1, pad_token_id=1)
     raise KeyError(arch)
 
 
@@ -81,6 +88,8 @@ GEMMA4 = dict(COMMON, num_hidden_layers=6, head_dim=32, global_head_dim=64, num_
                                                   "rope_theta": 1000000.0}})
 ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "gpt-oss", "deepseek2", "qwen35",
           "qwen35moe", "gemma4", "gemma4-moe"]
+# encoders (GGUF bert): no logits, no decode steps; tested in tests/model/test_bert.py
+ENCODERS = ["bert", "roberta", "xlm-roberta"]
 # their routers' top-k can flip near ties under quantization
 MOE_ARCHES = {"qwen3moe", "glm4moe", "gpt-oss", "deepseek2", "deepseek2-lite", "qwen35moe", "gemma4-moe"}
 ZERO_CENTRED_NORMS = {"gemma3", "qwen35", "qwen35moe"}  # HF stores w of (1 + w)
@@ -98,8 +107,8 @@ def gguf_rows(arch: str, name: str, p):
 
 
 def arch_of(name: str) -> str:
-    """The GGUF architecture of a tiny model's name (gemma4-moe: a second gemma4 configuration)."""
-    return "gemma4" if name == "gemma4-moe" else name
+    """The GGUF architecture of a tiny model's name (gemma4-moe: a second gemma4 configuration; RoBERTa's: bert)."""
+    return "gemma4" if name == "gemma4-moe" else ("bert" if name in ENCODERS else name)
 
 
 def tiny_model(arch: str, seed: int = 0, **overrides):
@@ -122,6 +131,8 @@ def randomize(model, arch: str):
             # Gemma 4 scores q.k unscaled (scale 1): norms of ~0.4 keep them near unit spread, as trained models do,
             # instead of a near-argmax softmax that int8 activations flip (llama.cpp's too)
             p.normal_(0.4, 0.05)
+        elif "LayerNorm.weight" in name:  # BERT's LayerNorms
+            p.normal_(1.0, 0.1)
         elif "norm" in name or name.endswith("router.scale"):
             p.normal_(0.0 if arch in ZERO_CENTRED_NORMS else 1.0, 0.1)
         elif name.endswith("sinks"):  # per-head logits in the score range: some heads give them real weight

@@ -4,15 +4,16 @@ from __future__ import annotations
 from engine.model.parts.attention import Attention
 from engine.model.parts.delta_net import GatedDeltaNet
 from engine.model.parts.mla import MLA
-from engine.model.parts.mlp import GatedMLP
+from engine.model.parts.mlp import MLP, GatedMLP
 from engine.model.parts.moe import MoE
 from engine.model.parts.parallel_ffn import ParallelFFN
 from engine.model.parts.per_layer import PerLayerInput
-from engine.model.spec import (AttentionSpec, GatedDeltaNetSpec, GatedMLPSpec, MLASpec, MoESpec, ParallelFFNSpec,
-                               PerLayerInputSpec)
+from engine.model.spec import (AttentionSpec, GatedDeltaNetSpec, GatedMLPSpec, MLASpec, MLPSpec, MoESpec,
+                               ParallelFFNSpec, PerLayerInputSpec)
 
 PART_CLASSES = {AttentionSpec: Attention, GatedMLPSpec: GatedMLP, MoESpec: MoE, MLASpec: MLA,
-                GatedDeltaNetSpec: GatedDeltaNet, ParallelFFNSpec: ParallelFFN, PerLayerInputSpec: PerLayerInput}
+                GatedDeltaNetSpec: GatedDeltaNet, ParallelFFNSpec: ParallelFFN, PerLayerInputSpec: PerLayerInput,
+                MLPSpec: MLP}
 
 
 def build_part(spec, ws, cfg, prefix: str, batch_invariant: bool, shared: dict):

@@ -40,7 +40,8 @@ class Attention(Part):
         self.v_norm = (np.ones(D, np.float32), float(cfg.rms_norm_eps)) if spec.v_norm else None
         self.batch_invariant = batch_invariant
         self.scale = spec.scale or D ** -0.5
-        self.sliding_window, self.softcap, self.neox = spec.sliding_window, spec.softcap, spec.rope.neox
+        self.sliding_window, self.softcap = spec.sliding_window, spec.softcap
+        self.neox = spec.rope is not None and spec.rope.neox
         self.output_gate = spec.output_gate
         self.bidirectional = spec.bidirectional
         if self.bidirectional and (self.softcap or self.sinks is not None or self.shared_kv):
@@ -50,7 +51,7 @@ class Attention(Part):
         self.q_stride = 2 * D if spec.output_gate else D  # columns from one q head to the next
         key = ("rope", spec.rope, D)
         if key not in shared:  # layers with the same RoPE share one table (and one cos/sin per step)
-            shared[key] = rope_tables(spec.rope.dim or D, spec.rope, ws)
+            shared[key] = rope_tables(spec.rope.dim or D, spec.rope, ws) if spec.rope is not None else NO_ROPE
         self.inv_freq, self.mscale = shared[key]
         self.qkv = Projections(self, own)
 
@@ -136,6 +137,9 @@ class Attention(Part):
         leaves = {k: conv.leaf(getattr(self, k), name, lp) for k, name in self.names.items()}
         return DeviceAttention(self, leaves["q"], leaves.get("k"), leaves.get("v"), leaves["o"], conv.norm(self.q_norm),
                                conv.norm(self.k_norm), conv.ctx, kv_cache=kv_cache, kv_on_host=lp.kv_device == "cpu")
+
+
+NO_ROPE = (np.zeros(0, np.float32), 1.0)  # no frequencies: cos/sin of 0 columns, every dim passes unchanged
 
 
 def step_rope_table(meta, inv_freq: np.ndarray, mscale: float) -> tuple[np.ndarray, np.ndarray]:

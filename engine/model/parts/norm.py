@@ -1,9 +1,10 @@
-"""RMSNorm and a block's residual step (x + post(y), then the next norm) in one kernel."""
+"""RMSNorm, LayerNorm (BERT's, with a bias) and a block's residual step (x + post(y), then the next norm) in one
+kernel."""
 from __future__ import annotations
 
 import numpy as np
 
-from cpu_kernels import norms
+from cpu_kernels import layer_norm, norms
 from cpu_kernels.quant.threads import serial_if, serial_work
 from engine.model.parts.linear import vector
 
@@ -29,6 +30,39 @@ class RMSNorm:
             with small_on_one_thread(x2):
                 y = norms.rms_norm(x2, self.weight, self.eps)
         return y if x.ndim == 2 else y.reshape(x.shape)
+
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """norm(x + y): a post-norm residual step."""
+        return add_and_norm(x, y, None, self)[1]
+
+
+class LayerNorm:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (name: the .weight tensor; .bias beside it)."""
+
+    def __init__(self, ws, name: str, eps: float):
+        self.weight = np.array(vector(ws, name))
+        self.bias = np.array(vector(ws, name[:-len("weight")] + "bias"))
+        self.eps = float(eps)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x2 = np.ascontiguousarray(x, dtype=np.float32)
+        with small_on_one_thread(x2):
+            return layer_norm.layer_norm(x2, self.weight, self.bias, self.eps)
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """LayerNorm(x + y) in one kernel: a post-norm residual step."""
+        x, y = np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(y, dtype=np.float32)
+        with small_on_one_thread(x):
+            return layer_norm.residual_layer_norm(x, y, self.weight, self.bias, self.eps)
+
+
+NORMS = {"rms": RMSNorm, "layer": LayerNorm}
+
+
+def make_norm(kind: str, ws, name: str | None, eps: float):
+    """The norm of BlockSpec.norm's kind over tensor `name` (its .weight), or None where name is None."""
+    return NORMS[kind](ws, name + ".weight", eps) if name else None
 
 
 NO_NORM = np.empty(0, np.float32)
