@@ -281,6 +281,24 @@ def gelu(x):
     return x
 
 
+@njit(cache=True, error_model="numpy", parallel=True)
+def _add_bias_par(y, b):
+    for t in prange(y.shape[0]):
+        row = y[t]
+        for n in range(row.shape[0]):
+            row[n] += b[n]
+
+
+def add_bias(y, b):
+    """In place: y (T, N) f32 C-contiguous += b (N,) f32 per row, the bits of numpy's y += b; many rows run on every
+    core (a long chunk's (4096, 3072) output took numpy 5 ms on one)."""
+    if y.shape[0] * y.shape[1] >= _PAR_MIN_ELEMS and y.flags.c_contiguous and y.dtype == np.float32:
+        _add_bias_par(y, np.ascontiguousarray(b, dtype=np.float32))
+    else:
+        y += b
+    return y
+
+
 @njit(cache=True, error_model="numpy")
 def _softcap_range(flat, cap, i0, i1):
     part = flat[i0:i1]  # see _silu_mul_rows

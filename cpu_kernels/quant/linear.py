@@ -136,13 +136,9 @@ class QuantLinear:
         elif batch_invariant or M <= GEMV_MAX_M:
             self.fmt.gemv(*self.packed, x2, y)
         else:
-            if dense_dtype not in DENSE_DTYPES:
-                raise ValueError(f"matmul: dense_dtype must be one of {DENSE_DTYPES}, got {dense_dtype!r}")
-            dtype = auto_dense_dtype() if dense_dtype == "auto" else dense_dtype
-            fmt = self.fmt
-            if dense_dtype == "auto" and fmt.gemv_prefill and (
-                    dtype == "float32" or 0 < fmt.gemv_prefill_min_k <= self.K):
-                fmt.gemv(*self.packed, x2, y)  # this format's GEMV beats the GEMM here (QuantFormat.gemv_prefill)
+            dtype = self._dense_path(dense_dtype)
+            if dtype is None:
+                self.fmt.gemv(*self.packed, x2, y)  # this format's GEMV beats the GEMM here (QuantFormat.gemv_prefill)
             else:
                 self._matmul_dense(x2, y, dtype)
         if out is not None and not direct:
@@ -152,8 +148,37 @@ class QuantLinear:
             return out
         return y[0] if squeeze else y
 
-    def _matmul_dense(self, x: np.ndarray, y: np.ndarray, dtype: str) -> None:
-        """Prefill through torch, W dequantized tile by tile by the format's kernel.
+    def matmul_spans(self, x: np.ndarray, spans: list[tuple[int, int]], y: np.ndarray, dense_dtype: str = "float32"):
+        """y[a:b] = matmul(x[a:b], dense_dtype=dense_dtype) bit for bit for each (a, b) in spans (each longer than
+        GEMV_MAX_M: a step's long prompts), with each tile of W dequantized once for all of them.
+
+        Args: x f32 (M, K); y f32 (M, N) C-contiguous, written in the spans' rows only.
+        """
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if any(b - a <= GEMV_MAX_M for a, b in spans) or x.shape[1] != self.K or y.shape != (x.shape[0], self.N):
+            raise ValueError("matmul_spans: spans of more than GEMV_MAX_M rows of x (M, K) and y (M, N)")
+        dtype = self._dense_path(dense_dtype)
+        if dtype is None:
+            for a, b in spans:
+                self.fmt.gemv(*self.packed, x[a:b], y[a:b])
+        else:
+            self._matmul_dense(x, y, dtype, spans)
+        return y
+
+    def _dense_path(self, dense_dtype: str) -> str | None:
+        """The precision of the dense path for more than GEMV_MAX_M rows, or None where this format's GEMV is faster
+        (dense_dtype auto and QuantFormat.gemv_prefill)."""
+        if dense_dtype not in DENSE_DTYPES:
+            raise ValueError(f"matmul: dense_dtype must be one of {DENSE_DTYPES}, got {dense_dtype!r}")
+        dtype = auto_dense_dtype() if dense_dtype == "auto" else dense_dtype
+        fmt = self.fmt
+        if dense_dtype == "auto" and fmt.gemv_prefill and (dtype == "float32" or 0 < fmt.gemv_prefill_min_k <= self.K):
+            return None
+        return dtype
+
+    def _matmul_dense(self, x: np.ndarray, y: np.ndarray, dtype: str, spans=None) -> None:
+        """Prefill through torch, W dequantized tile by tile by the format's kernel; spans: the row ranges (a, b) of x
+        multiplied each on its own (default: all of x), every tile serving them all.
 
         float32: quantized formats see x rounded to Q8 per 32-block exactly as the GEMV path rounds it, and
         W in float32 (exact), so both paths agree to float32 summation order: a row's answer does not
@@ -179,10 +204,11 @@ class QuantLinear:
             w = buf[:hi - lo]
             self.fmt.dequant(*self.packed, rows[lo:hi], w)
             wt = torch.from_numpy(w).view(torch.bfloat16) if bf16 else torch.from_numpy(w)
-            if hi - lo == self.N and not bf16:
-                torch.mm(xt, wt.T, out=yt)
-            else:
-                yt[:, lo:hi].copy_(torch.mm(xt, wt.T))
+            for a, b in spans or ((0, x.shape[0]),):
+                if hi - lo == self.N and not bf16:
+                    torch.mm(xt[a:b], wt.T, out=yt[a:b])
+                else:
+                    yt[a:b, lo:hi].copy_(torch.mm(xt[a:b], wt.T))
 
     def dequantize(self) -> np.ndarray:
         """The whole weight as float32 (N, K)."""

@@ -1,4 +1,5 @@
-"""rms_norm, RoPE and the gated activations against transformers / torch, their oracles."""
+"""rms_norm, LayerNorm, RoPE, the gated activations, GELU and the bias add against transformers / torch, their
+oracles."""
 from __future__ import annotations
 
 import math
@@ -8,7 +9,7 @@ import pytest
 import torch
 from numba import njit
 
-from cpu_kernels import activations, norms, rope
+from cpu_kernels import activations, layer_norm, norms, rope
 from cpu_kernels.rope import RopeScaling
 
 transformers = pytest.importorskip("transformers")
@@ -21,6 +22,32 @@ RNG = np.random.default_rng(1234)
 
 def _randn(*shape, scale=1.0):
     return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+# ---------------------------------------------------------------- LayerNorm (BERT)
+@pytest.mark.parametrize("T,H", [(1, 768), (3, 96), (40, 257)])
+def test_layer_norm_and_its_residual_step_match_torch(T, H):
+    x, y, w, b = _randn(T, H, scale=3.0) + 2.0, _randn(T, H), _randn(H), _randn(H)
+    ln = lambda a: torch.nn.functional.layer_norm(torch.from_numpy(a), (H,), torch.from_numpy(w),  # noqa: E731
+                                                  torch.from_numpy(b), 1e-12).numpy()
+    np.testing.assert_allclose(layer_norm.layer_norm(x, w, b, 1e-12), ln(x), rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(layer_norm.residual_layer_norm(x, y, w, b, 1e-12), ln(x + y), rtol=2e-6, atol=2e-6)
+    np.testing.assert_array_equal(layer_norm.residual_layer_norm(x[:1], y[:1], w, b, 1e-12),
+                                  layer_norm.residual_layer_norm(x, y, w, b, 1e-12)[:1])  # a row alone: same bits
+
+
+def test_gelu_matches_torch_and_bias_add_matches_numpy():
+    x = _randn(70, 600, scale=3.0)
+    x[0, :4] = [0.0, -10.0, 10.0, -4.5]
+    ref = torch.nn.functional.gelu(torch.from_numpy(x)).numpy()
+    got = activations.gelu(x.copy())
+    assert np.abs(got - ref).max() < 2e-6 * max(1.0, np.abs(ref).max())
+    b = _randn(600)
+    want = x + b
+    np.testing.assert_array_equal(activations.add_bias(x.copy(), b), want)  # parallel rows
+    np.testing.assert_array_equal(activations.add_bias(x[:2].copy(), b), want[:2])  # numpy's
+    with pytest.raises(ValueError, match="C-contiguous"):
+        activations.gelu(x[:, ::2])
 
 
 # ---------------------------------------------------------------- rms_norm

@@ -188,6 +188,24 @@ def test_auto_long_matmul_takes_the_gemv_from_min_k_on():
     np.testing.assert_array_equal(lin.matmul(x, dense_dtype="auto"), lin.matmul(x, batch_invariant=True))
 
 
+@pytest.mark.parametrize("dense", ["float32", "bfloat16", "auto"])
+def test_spans_equal_each_span_alone(case, dense):
+    """A step's long prompts through matmul_spans (W's tiles dequantized once for all): each span's rows are bit for
+    bit what matmul gives for that span alone; rows outside the spans are left as they were."""
+    t, cases = case
+    for N, K, w, raw, deq in cases[:2]:
+        lin = QuantLinear.from_raw(t, raw, (N, K))
+        x = np.random.default_rng(7).standard_normal((3 * GEMV_MAX_M + 12, K)).astype(np.float32)
+        spans = [(0, GEMV_MAX_M + 1), (GEMV_MAX_M + 5, 3 * GEMV_MAX_M + 12)]
+        y = np.full((x.shape[0], N), 7.0, np.float32)
+        lin.matmul_spans(x, spans, y, dense)
+        for a, b in spans:
+            np.testing.assert_array_equal(y[a:b], lin.matmul(x[a:b], dense_dtype=dense))
+        assert (y[GEMV_MAX_M + 1:GEMV_MAX_M + 5] == 7.0).all()
+    with pytest.raises(ValueError, match="spans"):
+        lin.matmul_spans(x, [(0, GEMV_MAX_M)], y)
+
+
 def test_prefill_in_several_tiles(monkeypatch):
     import cpu_kernels.quant.linear as linear
     for t in (Q.Q4_K, Q.Q8_0, Q.F16):

@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 
+from cpu_kernels.activations import add_bias
 from cpu_kernels.quant.linear import QuantLinear
 from cpu_kernels.quant.threads import serial_if, serial_work
 from engine.lora.slots import add_parts
@@ -83,10 +84,9 @@ class Linear:
             y = np.empty((x.shape[0], w.N), np.float32)
             if rows.small.size:
                 y[rows.small] = w.matmul(x[rows.small], batch_invariant=True)
-            for a, b in rows.large:
-                y[a:b] = w.matmul(x[a:b], dense_dtype=rows.dense_dtype)
+            w.matmul_spans(x, rows.large, y, rows.dense_dtype)  # each long chunk on its own, W's tiles read once
         if self.bias is not None:
-            y += self.bias
+            add_bias(y, self.bias)
         return y
 
 
