@@ -37,11 +37,13 @@ class RequestAdmission:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self.encode_prompt(prompt)
         self.validate_request(ids, params)
+        types = request_checks.token_type_ids(prompt, len(ids), self.config.type_vocab_size)
         self.check_lora(lora_request)
         pooling = params if isinstance(params, PoolingParams) else None
         if pooling is not None:  # one completion that runs its prompt and samples nothing
             params = SamplingParams(temperature=0, max_tokens=1, detokenize=False)
-        parent = ParentState(request_id, text, ids, params, pooling_params=pooling, lora_request=lora_request)
+        parent = ParentState(request_id, text, ids, params, pooling_params=pooling, lora_request=lora_request,
+                             token_type_ids=types)
         so = params.structured_outputs
         if so is not None:
             backend, fut = self.structured.check(so), self.structured.compile(so)

@@ -88,6 +88,7 @@ class ParentState:
     grammar: Optional[tuple[str, Any]] = None  # structured outputs: (backend, compiled grammar) its children match
     pooling_params: Optional[Any] = None  # a pooling request's PoolingParams (params is then the engine's own)
     lora_request: Optional[Any] = None  # its LoRA adapter (lora.LoRARequest), if any
+    token_type_ids: tuple[int, ...] = ()  # each prompt token's type (BERT's segments); () = all type 0
 
     @property
     def num_pending_children(self) -> int:

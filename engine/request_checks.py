@@ -28,6 +28,25 @@ def encode_prompt(tokenizer, prompt: PromptType) -> tuple[Optional[str], list[in
     raise TypeError(f"prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
 
 
+def token_type_ids(prompt: PromptType, num_ids: int, num_types: int) -> tuple[int, ...]:
+    """A {"prompt_token_ids", "token_type_ids"} prompt's token types (vLLM's TokensPrompt), checked against the model's
+    number of types; () where the prompt gives none."""
+    types = prompt.get("token_type_ids") if isinstance(prompt, dict) else None
+    if types is None:
+        return ()
+    if not num_types:
+        raise ValueError("token_type_ids are for models with token types (BERT's segment embeddings); this model has "
+                         "none")
+    if "prompt_token_ids" not in prompt:
+        raise ValueError("token_type_ids go with prompt_token_ids")
+    types = [int(t) for t in types]
+    if len(types) != num_ids:
+        raise ValueError(f"token_type_ids has {len(types)} entries for {num_ids} prompt tokens")
+    if any(not 0 <= t < num_types for t in types):
+        raise ValueError(f"token_type_ids must lie in [0, {num_types})")
+    return tuple(types)
+
+
 def validate_request(prompt_token_ids: list[int], params: SamplingParams, vocab_size: int,
                      max_model_len: int) -> None:
     """Raises ValueError / TypeError for a request the engine cannot run: an empty or too long prompt, token

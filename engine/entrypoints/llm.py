@@ -10,7 +10,7 @@ from engine.lora.request import LoRARequest
 from engine.outputs import (ClassificationOutput, ClassificationRequestOutput, EmbeddingOutput, EmbeddingRequestOutput,
                             PoolingOutput, PoolingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput)
 from engine.pooling.params import PoolingParams
-from engine.pooling.score import cosine, is_cross_encoder, pair_up
+from engine.pooling.score import cosine, cross_encoder_input, is_cross_encoder, pair_up
 from engine.sample.sampling import SamplingParams
 
 
@@ -108,9 +108,10 @@ class LLM:
         pairs = pair_up(first, second)
         engine = self.llm_engine
         if is_cross_encoder(engine.pooling):
-            ids = [(engine.encode_prompt(first[i])[1], _second_ids(self.get_tokenizer(), second[j])) for i, j in pairs]
-            outs = self.classify([{"prompt_token_ids": a + b} for a, b in ids], use_tqdm=use_tqdm,
-                                 lora_request=lora_request)
+            tok, types = self.get_tokenizer(), engine.config.type_vocab_size
+            prompts = [cross_encoder_input(tok, types, _text_or_ids(first[i]), _text_or_ids(second[j]))
+                       for i, j in pairs]
+            outs = self.classify(prompts, use_tqdm=use_tqdm, lora_request=lora_request)
             return [ScoringRequestOutput(o.request_id, ScoringOutput(float(o.outputs.probs[0])), list(o.prompt_token_ids))
                     for o in outs]
         vecs = self.embed(first + second, use_tqdm=use_tqdm, lora_request=lora_request)
@@ -188,12 +189,14 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="Processed prompts", unit="req")
 
 
-def _second_ids(tokenizer, prompt) -> list[int]:
-    """The second text of a cross-encoder pair: its tokens without special tokens (they follow the first's)."""
+def _text_or_ids(prompt):
+    """A score's input as a text or a token-id list."""
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt, add_special_tokens=False)
+        return prompt
     if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
         return list(prompt["prompt_token_ids"])
     if isinstance(prompt, dict) and "prompt" in prompt:
-        return tokenizer.encode(prompt["prompt"], add_special_tokens=False)
-    raise TypeError(f"a score's text must be a string or a prompt dict, got {type(prompt).__name__}")
+        return prompt["prompt"]
+    if isinstance(prompt, (list, tuple)):
+        return list(prompt)
+    raise TypeError(f"a score's text must be a string, token ids or a prompt dict, got {type(prompt).__name__}")

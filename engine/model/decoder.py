@@ -66,7 +66,7 @@ class DecoderModel:
         """Runs all blocks over the flattened batch; returns hidden states (T, H) before the final norm."""
         x = self.embed_tokens(meta.input_ids, meta.lora_slots)
         if self.absolute is not None:
-            x = self.absolute(x, meta.positions)
+            x = self.absolute(x, meta.positions, meta.token_types)
         meta = dataclasses.replace(meta, rows=RowGroups(meta.query_start_loc, self.prefill_dtype, meta.lora_slots))
         if self.per_layer is not None:  # every layer's share, once per token
             meta.step_cache[STEP_KEY] = self.per_layer(meta.input_ids, x, meta.rows)

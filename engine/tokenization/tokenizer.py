@@ -156,6 +156,12 @@ class Tokenizer:
             ids = ids[1:]
         return ids
 
+    def encode_pair(self, first: str, second: str) -> tuple[list[int], list[int]]:
+        """(token ids, token type ids) of two texts through the tokenizer's pair template (BERT: [CLS] a [SEP] b [SEP],
+        b's tokens type 1; RoBERTa: <s> a </s></s> b </s>): a cross-encoder's input."""
+        enc = self.backend.encode(first, second, add_special_tokens=True)
+        return enc.ids, enc.type_ids
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 

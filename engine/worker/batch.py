@@ -30,6 +30,7 @@ class BatchMetadata:
     snap_slots       (S,) int32   ... into this slot (a prefix-cache checkpoint at a block boundary)
     rows             RowGroups    which kernels the Linears run on which rows (set by DecoderModel.forward)
     lora_slots       (T,) int32   each row's LoRA adapter slot (-1: the base model), or None: no adapted row
+    token_types      (T,) int64   each row's token type (BERT's segment ids), or None: every row type 0
     """
     input_ids: np.ndarray
     positions: np.ndarray
@@ -44,6 +45,7 @@ class BatchMetadata:
     rows: "RowGroups | None" = None
     group_tables: tuple = ()
     lora_slots: np.ndarray | None = None
+    token_types: np.ndarray | None = None
 
     def group_views(self) -> list["BatchMetadata"]:
         """One view per cache group (core/kv_spec.cache_groups): group 0 is this batch; group g reads its own block

@@ -27,6 +27,7 @@ class SeqChunk:
     snapshot: tuple[int, int] = ()  # (rows, slot): copy the states after that many of token_ids into slot
     group_block_ids: tuple[tuple[int, ...], ...] = ()  # cache groups 1..'s tables; () = block_ids serves them all
     lora_slot: int = -1            # the slot of the sequence's LoRA adapter (engine/lora), -1: none
+    token_types: tuple[int, ...] = ()  # each token's type (BERT's segment ids); () = all type 0
 
 
 def layer_cache(layer: LayerKV, num_blocks: int, block_size: int, kv_cache_dtype: str) -> tuple[np.ndarray, np.ndarray]:
@@ -132,13 +133,17 @@ class ModelRunner:
         lora_slots = None
         if any(c.lora_slot >= 0 for c in chunks):
             lora_slots = np.concatenate([np.full(len(c.token_ids), c.lora_slot, np.int32) for c in chunks])
+        token_types = None
+        if any(c.token_types for c in chunks):
+            token_types = np.concatenate([np.asarray(c.token_types or (0,) * len(c.token_ids), np.int64)
+                                          for c in chunks])
         return BatchMetadata(
             input_ids=np.concatenate(ids), positions=np.concatenate(pos),
             query_start_loc=np.asarray(qsl, dtype=np.int32), seq_lens=np.asarray(lens, dtype=np.int32),
             block_tables=tables, slot_mapping=slots, logits_indices=np.asarray(logit_rows, dtype=np.int64),
             state_slots=state_slots, snap_rows=snap_rows, snap_slots=snap_slots,
             group_tables=tuple(self._group_table(chunks, g, pos) for g in range(1, len(self.groups))),
-            lora_slots=lora_slots)
+            lora_slots=lora_slots, token_types=token_types)
 
     def _check_states(self, state_slots, snap_rows, snap_slots) -> None:
         """Each sequence its own slot, snapshots into other slots: the kernels write them from parallel units."""

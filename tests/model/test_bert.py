@@ -29,7 +29,8 @@ def tiny_encoder(arch: str, cls=transformers.AutoModel, **overrides):
     for k, v in overrides.items():
         setattr(cfg, k, v)
     cfg._attn_implementation = "eager"
-    return randomize(cls.from_config(cfg, dtype=torch.float32), arch)
+    model = cls.from_config(cfg, dtype=torch.float32) if cls is transformers.AutoModel else cls(cfg).float()
+    return randomize(model, arch)
 
 
 @pytest.fixture(scope="module", params=ENCODERS)

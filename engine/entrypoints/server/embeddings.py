@@ -20,7 +20,7 @@ from engine.entrypoints.server.responses import (ClassificationResponse, Embeddi
                                                  RerankResponse, ScoreResponse)
 from engine.entrypoints.server.serving import add_requests, collect, state_of, unless_disconnected
 from engine.pooling.params import PoolingParams
-from engine.pooling.score import cosine, is_cross_encoder, pair_up
+from engine.pooling.score import cosine, cross_encoder_input, is_cross_encoder, pair_up
 
 router = APIRouter()
 
@@ -101,8 +101,11 @@ async def create_score(body: ScoreRequest, request: Request):
     st = state_of(request)
     model = st.check_model(body.model)
     cross = is_cross_encoder(st.engine.engine.pooling)
-    first = await _token_ids(st, body.text_1, True, body.truncate_prompt_tokens, "text_1")
-    second = await _token_ids(st, body.text_2, not cross, body.truncate_prompt_tokens, "text_2")
+    if _pair_template(st, cross, body.truncate_prompt_tokens):  # the tokenizer joins each pair
+        first, second = _texts(body.text_1), _texts(body.text_2)
+    else:
+        first = await _token_ids(st, body.text_1, True, body.truncate_prompt_tokens, "text_1")
+        second = await _token_ids(st, body.text_2, not cross, body.truncate_prompt_tokens, "text_2")
     try:
         pairs = pair_up(first, second)
     except ValueError as e:
@@ -123,8 +126,11 @@ async def create_rerank(body: RerankRequest, request: Request):
     st = state_of(request)
     model = st.check_model(body.model)
     cross = is_cross_encoder(st.engine.engine.pooling)
-    query = await _token_ids(st, body.query, True, body.truncate_prompt_tokens, "query")
-    docs = await _token_ids(st, body.documents, not cross, body.truncate_prompt_tokens, "documents")
+    if _pair_template(st, cross, body.truncate_prompt_tokens):  # the tokenizer joins each pair
+        query, docs = [body.query], list(body.documents)
+    else:
+        query = await _token_ids(st, body.query, True, body.truncate_prompt_tokens, "query")
+        docs = await _token_ids(st, body.documents, not cross, body.truncate_prompt_tokens, "documents")
     rid = f"rerank-{uuid.uuid4().hex}"
     scores, tokens = await _pair_scores(request, st, rid, query, docs, [(0, j) for j in range(len(docs))], model,
                                         cross)
@@ -136,10 +142,35 @@ async def create_rerank(body: RerankRequest, request: Request):
     return {"id": rid, "model": model, "usage": {"total_tokens": tokens}, "results": results}
 
 
+def _pair_template(st, cross: bool, truncate) -> bool:
+    """Whether a cross-encoder's pairs go through the tokenizer's pair template (a model with token types: BERT's);
+    truncate_prompt_tokens is refused there (the template would have to cut the pair, not one side)."""
+    if not cross or not st.engine.engine.config.type_vocab_size:
+        return False
+    if truncate is not None:
+        raise bad_request("truncate_prompt_tokens is not supported for this cross-encoder: its tokenizer joins each "
+                          "pair with its template", "truncate_prompt_tokens")
+    return True
+
+
+def _texts(x) -> list[str]:
+    texts = [x] if isinstance(x, str) else list(x)
+    if not texts or not all(texts):
+        raise bad_request("every text of a score must be a non-empty string", "text_1")
+    return texts
+
+
 async def _pair_scores(request: Request, st, rid: str, first, second, pairs, model, cross: bool):
     """(each pair's score or None when the client left, prompt tokens run). An embedding model: the cosine of the two
-    texts' vectors, each text run once. A cross-encoder: its one-label probability over the pair joined (the second
-    side tokenized without special tokens), each pair run once."""
+    texts' vectors, each text run once. A cross-encoder: its one-label probability over each pair, run once: texts
+    (first, second: strings) joined by the tokenizer's pair template with their token types, or token ids ((None,
+    ids) entries) the second's after the first's."""
+    if cross and first and isinstance(first[0], str):
+        tok, types = st.tokenizer, st.engine.engine.config.type_vocab_size
+        prompts = await st.off_loop(lambda: [cross_encoder_input(tok, types, first[i], second[j]) for i, j in pairs])
+        joined = [(None, p["prompt_token_ids"], p["token_type_ids"]) for p in prompts]
+        probs = await pooled(request, st, rid, joined, PoolingParams(task="classify"), model)
+        return (None if probs is None else [float(p[0]) for p in probs]), sum(len(ids) for _, ids, _ in joined)
     if cross:
         joined = [(None, first[i][1] + second[j][1]) for i, j in pairs]
         probs = await pooled(request, st, rid, joined, PoolingParams(task="classify"), model)

@@ -162,11 +162,12 @@ def sampling_params(make: Callable[[], SamplingParams]) -> SamplingParams:
         raise bad_request(str(e), param_of_value_error(str(e), SAMPLING_FIELDS)) from e
 
 
-async def add_requests(st: ServerState, base_id: str, prompts: Sequence[tuple[Optional[str], list[int]]],
-                       params: SamplingParams, model: Optional[str] = None) -> list[RequestStream]:
+async def add_requests(st: ServerState, base_id: str, prompts: Sequence[tuple], params: SamplingParams,
+                       model: Optional[str] = None) -> list[RequestStream]:
     """One engine request per prompt, all or nothing: each is checked as the engine would before any is
-    queued, then all are queued at once (a rejected or cancelled one aborts the others). model: the served name
-    the request asked for (a LoRA adapter's runs with it)."""
+    queued, then all are queued at once (a rejected or cancelled one aborts the others). prompts: (text or None,
+    token ids) or (text or None, token ids, token type ids). model: the served name the request asked for (a LoRA
+    adapter's runs with it)."""
     lora = st.lora_modules.get(model) if model else None
     if model and lora is None and model not in st.model_names:  # an adapter unloaded since check_model
         raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
@@ -175,11 +176,11 @@ async def add_requests(st: ServerState, base_id: str, prompts: Sequence[tuple[Op
     except (ValueError, TypeError) as e:
         raise bad_request(str(e), param_of_value_error(str(e), SAMPLING_FIELDS)) from e
     adds = []
-    for i, (text, ids) in enumerate(prompts):
+    for i, (text, ids, *types) in enumerate(prompts):
         rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
         p = params.clone() if len(prompts) > 1 else params
-        adds.append(asyncio.ensure_future(st.engine.add_request(rid, {"prompt": text, "prompt_token_ids": ids}, p,
-                                                                lora_request=lora)))
+        prompt = {"prompt": text, "prompt_token_ids": ids, **({"token_type_ids": types[0]} if types else {})}
+        adds.append(asyncio.ensure_future(st.engine.add_request(rid, prompt, p, lora_request=lora)))
     try:
         await asyncio.wait(adds)
     except BaseException:  # cancelled (the client left): nothing may stay queued
@@ -204,8 +205,8 @@ async def add_requests(st: ServerState, base_id: str, prompts: Sequence[tuple[Op
 
 
 def _validate_all(engine: AsyncLLMEngine, prompts, params: SamplingParams) -> None:
-    for _, ids in prompts:
-        engine.validate_request(ids, params)
+    for prompt in prompts:
+        engine.validate_request(prompt[1], params)
 
 
 async def merge(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, Any]]:

@@ -1,0 +1,176 @@
+"""BERT-family encoders served as vLLM serves them, against transformers on tiny random models with a real WordPiece
+tokenizer: LLM.embed (CLS pooling by default, mean through sentence-transformers' modules, normalized), classify
+with BERT's pooler and classifier (and RoBERTa's head), cross-encoder scores over the tokenizer's pair template
+with its token types (in LLM.score and the server's /score and /rerank), token_type_ids prompts checked; the openai
+SDK's embeddings against `ramlm serve` of a BERT folder."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import torch
+import transformers
+
+from engine import LLM
+from tests.engine.entrypoints.server.conftest import running_server
+from tests.model.test_bert import tiny_encoder
+
+KW = dict(max_model_len=64, kv_cache_memory=0.05, dtype="float32", kv_cache_dtype="fp32")
+WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far", "away", "##s", "##ing", "a", "big", "red", "house"]
+TEXTS = ["the cat sat on the mat", "a big red house", "dogs running far away"]
+
+
+def save_wordpiece(folder) -> transformers.PreTrainedTokenizerFast:
+    """A BERT WordPiece tokenizer (uncased, [CLS] a [SEP] b [SEP]) of 256 entries, saved beside a model."""
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+    vocab += [f"w{i}" for i in range(256 - len(vocab))]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tok = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+    tok.save_pretrained(folder)
+    return tok
+
+
+def saved(folder, cls=transformers.AutoModel, **cfg):
+    hf = tiny_encoder("bert", cls, **cfg)
+    hf.save_pretrained(folder, safe_serialization=True)
+    return hf, save_wordpiece(folder)
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bert")
+    hf, tok = saved(folder)
+    return folder, hf, tok
+
+
+def _hidden(hf, tok, text):
+    enc = tok(text, return_tensors="pt")
+    with torch.no_grad():
+        return hf(**enc).last_hidden_state[0].double()
+
+
+def test_embeddings_pool_the_cls_row_by_default(bert):
+    folder, hf, tok = bert
+    llm = LLM(model=str(folder), **KW)  # runner auto: an encoder pools
+    assert llm.get_tokenizer().encode(TEXTS[2]) == tok(TEXTS[2])["input_ids"]  # the same WordPiece ids
+    for text, out in zip(TEXTS, llm.embed(TEXTS, use_tqdm=False)):
+        want = torch.nn.functional.normalize(_hidden(hf, tok, text)[0], dim=0).numpy()
+        assert np.abs(np.asarray(out.outputs.embedding) - want).max() < 2e-3
+    with pytest.raises(ValueError, match="bidirectionally"):
+        LLM(model=str(folder), runner="generate", **KW)
+
+
+def test_sentence_transformers_mean_pooling(tmp_path):
+    hf, tok = saved(tmp_path)
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    llm = LLM(model=str(tmp_path), **KW)
+    for text, out in zip(TEXTS, llm.embed(TEXTS, use_tqdm=False)):
+        want = torch.nn.functional.normalize(_hidden(hf, tok, text).mean(dim=0), dim=0).numpy()
+        assert np.abs(np.asarray(out.outputs.embedding) - want).max() < 2e-3
+
+
+def _class_probs(hf, enc) -> np.ndarray:
+    with torch.no_grad():
+        return torch.softmax(hf(**enc).logits[0].double(), dim=-1).numpy()
+
+
+def test_classify_through_the_pooler_and_classifier(tmp_path):
+    labels = {0: "neg", 1: "neutral", 2: "pos"}
+    hf, tok = saved(tmp_path, transformers.BertForSequenceClassification, num_labels=3, id2label=labels,
+                    label2id={v: k for k, v in labels.items()})
+    llm = LLM(model=str(tmp_path), **KW)
+    for text, out in zip(TEXTS, llm.classify(TEXTS, use_tqdm=False)):
+        want = _class_probs(hf, tok(text, return_tensors="pt"))
+        assert np.abs(np.asarray(out.outputs.probs) - want).max() < 2e-3
+        assert want.max() - want.min() > 0.05  # the head separates the classes: a wrong head would show
+
+
+def test_roberta_classification_head(tmp_path):
+    hf = tiny_encoder("roberta", transformers.RobertaForSequenceClassification, num_labels=2)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    save_wordpiece(tmp_path)
+    llm = LLM(model=str(tmp_path), **KW)
+    ids = [0, 7, 9, 12, 2]
+    got = llm.classify({"prompt_token_ids": ids}, use_tqdm=False)[0].outputs.probs
+    assert np.abs(np.asarray(got) - _class_probs(hf, {"input_ids": torch.tensor([ids])})).max() < 2e-3
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bert-cross")
+    hf, tok = saved(folder, transformers.BertForSequenceClassification, num_labels=1)
+    with torch.no_grad():
+        hf.classifier.weight.mul_(8.0)  # scores spread over (0, 1)
+    hf.save_pretrained(folder, safe_serialization=True)
+    return folder, hf, tok
+
+
+def _pair_score(hf, tok, a, b) -> float:
+    enc = tok(a, b, return_tensors="pt")  # [CLS] a [SEP] b [SEP], b's tokens type 1
+    with torch.no_grad():
+        return float(torch.sigmoid(hf(**enc).logits[0, 0].double()))
+
+
+def test_cross_encoder_scores_pairs_with_their_token_types(cross_encoder):
+    folder, hf, tok = cross_encoder
+    llm = LLM(model=str(folder), **KW)
+    query, docs = "the cat", ["the cat sat on the mat", "a big red house"]
+    got = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
+    want = [_pair_score(hf, tok, query, d) for d in docs]
+    np.testing.assert_allclose(got, want, atol=2e-3)
+    ids, types = tok(query, docs[0])["input_ids"], tok(query, docs[0])["token_type_ids"]
+    assert 1 in types
+    untyped = llm.classify({"prompt_token_ids": ids}, use_tqdm=False)[0].outputs.probs[0]
+    assert abs(untyped - want[0]) > 1e-3  # the types matter: all-zero types score differently
+    with pytest.raises(ValueError, match="token_type_ids has"):
+        llm.classify({"prompt_token_ids": ids, "token_type_ids": types[:-1]}, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"lie in \[0, 2\)"):
+        llm.classify({"prompt_token_ids": ids, "token_type_ids": [2] * len(ids)}, use_tqdm=False)
+    typed = llm.classify({"prompt_token_ids": ids, "token_type_ids": types}, use_tqdm=False)[0].outputs.probs[0]
+    assert abs(typed - want[0]) < 2e-3
+
+
+def test_a_decoder_refuses_token_types(tmp_path):
+    from tests.model.tiny_models import saved_tiny
+    saved_tiny(tmp_path, "qwen3")
+    llm = LLM(model=str(tmp_path), runner="pooling", **KW)
+    with pytest.raises(ValueError, match="token types"):
+        llm.embed({"prompt_token_ids": [3, 4], "token_type_ids": [0, 0]}, use_tqdm=False)
+
+
+def test_server_embeddings_score_and_rerank(bert, cross_encoder):
+    folder, hf, tok = bert
+    with running_server("--model", str(folder), "--max-model-len", "64", "--dtype", "float32",
+                        "--kv-cache-dtype", "fp32") as srv:
+        with openai.OpenAI(base_url=srv.base_url + "/v1", api_key=srv.api_key, max_retries=0, timeout=60) as c:
+            got = c.embeddings.create(model=srv.model, input=TEXTS[:2], encoding_format="float")
+        for text, d in zip(TEXTS, got.data):
+            want = torch.nn.functional.normalize(_hidden(hf, tok, text)[0], dim=0).numpy()
+            assert np.abs(np.asarray(d.embedding) - want).max() < 2e-3
+        assert got.usage.prompt_tokens == sum(len(tok(t)["input_ids"]) for t in TEXTS[:2])
+    folder, hf, tok = cross_encoder
+    with running_server("--model", str(folder), "--max-model-len", "64", "--dtype", "float32",
+                        "--kv-cache-dtype", "fp32") as srv:
+        headers = {"Authorization": f"Bearer {srv.api_key}"}
+        r = httpx.post(srv.base_url + "/score", json={"text_1": "the cat", "text_2": ["a big red house", "the mat"]},
+                       headers=headers, timeout=60)
+        assert r.status_code == 200, r.text
+        want = [_pair_score(hf, tok, "the cat", d) for d in ("a big red house", "the mat")]
+        np.testing.assert_allclose([d["score"] for d in r.json()["data"]], want, atol=2e-3)
+        r = httpx.post(srv.base_url + "/v1/rerank", json={"query": "the cat", "documents": ["a big red house",
+                                                                                            "the mat"]},
+                       headers=headers, timeout=60)
+        assert r.status_code == 200, r.text
+        scores = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        np.testing.assert_allclose([scores[0], scores[1]], want, atol=2e-3)
+        r = httpx.post(srv.base_url + "/score", json={"text_1": "the cat", "text_2": "the mat",
+                                                      "truncate_prompt_tokens": 3}, headers=headers, timeout=60)
+        assert r.status_code == 400 and "truncate_prompt_tokens" in r.text
