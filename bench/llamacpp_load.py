@@ -4,6 +4,7 @@ r"""Do ramlm's GGUF files load in llama.cpp, and compute the same thing there?
     python -m bench.llamacpp_load --file /tmp/llama8b.gguf --file ...   # also these (synthetic shapes): load only
     python -m bench.llamacpp_load --arch qwen35 --arch qwen35moe --mtp  # with an MTP layer (blk.{L}.nextn.*)
     python -m bench.llamacpp_load --arch llama --arch qwen3 --lora      # and a LoRA adapter as a GGUF LoRA file
+    python -m bench.llamacpp_load --arch bert --arch roberta            # encoders: embeddings of texts
 
 For each architecture, a tiny random model is built with transformers (tests/model/tiny_models.py; run from the
 repository root), exported by engine/model/gguf_export.write_gguf in F32 with a byte-level vocabulary, loaded by
@@ -12,7 +13,9 @@ llama.cpp's logits' largest error relative to transformers' (llama.cpp computes 
 is agreement; a wrong layout or key gives a load error or errors near 1). With --lora, a random PEFT adapter of
 every projection, the embedding and the output matrix (those two where they are not tied) is written by
 engine/lora/gguf_lora.write in llama.cpp's GGUF LoRA layout, applied by llama.cpp (lora_path) and compared with
-PEFT's logits. Writes JSON to bench/results/.
+PEFT's logits. An encoder (tests/model/tiny_models.ENCODERS) is written with a BERT WordPiece vocabulary in
+llama.cpp's phantom-space layout and embeds texts in llama.cpp (its own tokenizer, CLS pooling), against
+transformers' CLS rows. Writes JSON to bench/results/.
 """
 from __future__ import annotations
 
@@ -93,6 +96,41 @@ def check_arch(arch: str, folder: Path, mtp: bool = False, lora: bool = False) -
     return {**out, **check_lora(arch, folder, path, hf, ws.config)} if lora else out
 
 
+ENCODER_TEXTS = ["the cat sat on the mat", "a big red house", "dogs ran far away"]  # no [UNK]: id 1 is RoBERTa's pad
+
+
+def check_encoder(arch: str, folder: Path) -> dict:
+    """llama.cpp's CLS embeddings of texts (its tokenizer over the GGUF's vocabulary) against transformers'."""
+    import gguf
+    import llama_cpp
+    import torch
+    from engine.model.gguf_export import write_gguf
+    from engine.model.weights import open_weights
+    from tests.engine.test_bert_pooling import save_wordpiece
+    from tests.model.test_bert import tiny_encoder
+    from tests.model.tiny_models import wordpiece_gguf_metadata
+    hf = tiny_encoder(arch)
+    hf.save_pretrained(folder, safe_serialization=True)
+    tok = save_wordpiece(folder)
+    ws = open_weights(str(folder))
+    tensors = {n: np.asarray(ws.raw(n), dtype=np.float32) for n in ws.names()}
+    path = str(folder / f"{arch}.gguf")
+    write_gguf(path, ws.config, tensors, lambda name, shape: gguf.GGMLQuantizationType.F32,
+               tokenizer_metadata=wordpiece_gguf_metadata(tok))
+    try:
+        llm = llama_cpp.Llama(path, n_ctx=64, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_CLS,
+                              verbose=False, n_threads=2)
+    except Exception as e:  # noqa: BLE001 (the load error is the result)
+        return {"arch": arch, "mtp_layers": 0, "loads": False, "error": str(e)}
+    errs = []
+    for text in ENCODER_TEXTS:
+        got = np.asarray(llm.embed(text, normalize=False), np.float64).reshape(-1)
+        with torch.no_grad():
+            ref = hf(**tok(text, return_tensors="pt")).last_hidden_state[0, 0].double().numpy()
+        errs.append(float(np.abs(got - ref).max() / np.abs(ref).max()))
+    return {"arch": arch, "mtp_layers": 0, "loads": True, "rel_err": max(errs), "what": "CLS embeddings"}
+
+
 def check_lora(arch: str, folder: Path, gguf_path: str, hf, config) -> dict:
     """llama.cpp with a GGUF LoRA file written from a PEFT folder, against PEFT's logits."""
     import llama_cpp
@@ -133,15 +171,16 @@ def main(argv=None) -> None:
     ap.add_argument("--mtp", action="store_true", help=f"give {', '.join(MTP_ARCHES)} an MTP layer")
     ap.add_argument("--lora", action="store_true", help="also a LoRA adapter as a GGUF LoRA file (llama.cpp applies it)")
     args = ap.parse_args(argv)
-    from tests.model.tiny_models import ARCHES
+    from tests.model.tiny_models import ARCHES, ENCODERS
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for arch in args.arch or ARCHES:
             folder = Path(tmp) / arch
             folder.mkdir()
-            r = check_arch(arch, folder, mtp=args.mtp and arch in MTP_ARCHES, lora=args.lora)
+            r = check_encoder(arch, folder) if arch in ENCODERS else \
+                check_arch(arch, folder, mtp=args.mtp and arch in MTP_ARCHES, lora=args.lora)
             results.append(r)
-            print(f"{arch}{' + MTP' if r['mtp_layers'] else ''}: " + (f"loads, logits within {r['rel_err']:.1e} of transformers" if r["loads"]
+            print(f"{arch}{' + MTP' if r['mtp_layers'] else ''}: " + (f"loads, {r.get('what', 'logits')} within {r['rel_err']:.1e} of transformers" if r["loads"]
                                   else f"does not load: {r['error']}"))
             if "lora_loads" in r:
                 print(f"{arch} + GGUF LoRA: " + (f"llama.cpp's logits within {r['lora_rel_err']:.1e} of PEFT's"

@@ -25,8 +25,9 @@ def default_qtype(quant: Q) -> Callable[[str, tuple], Q]:
 
 
 def gguf_metadata(cfg: ModelConfig) -> dict[str, Any]:
-    """The keys llama.cpp reads for cfg (with the `{arch}.` prefix; ints are written uint32, floats float32): those
-    every architecture shares, then the architecture's own (Architecture.gguf_metadata), which may replace some."""
+    """The keys llama.cpp reads for cfg (with the `{arch}.` prefix, tokenizer.* keys without; ints are written uint32,
+    floats float32): those every architecture shares, then the architecture's own (Architecture.gguf_metadata), which
+    may replace some."""
     from engine.model.registry import architecture
     md: dict[str, Any] = {
         "context_length": cfg.max_position_embeddings, "embedding_length": cfg.hidden_size,
@@ -71,7 +72,7 @@ def gguf_metadata(cfg: ModelConfig) -> dict[str, Any]:
         if cfg.dense_layers and cfg.dense_layers == tuple(range(len(cfg.dense_layers))):
             md["leading_dense_block_count"] = len(cfg.dense_layers)
     md.update(architecture(cfg.arch).gguf_metadata(cfg))
-    return {f"{cfg.arch}.{k}": v for k, v in md.items()}
+    return {k if k.startswith("tokenizer.") else f"{cfg.arch}.{k}": v for k, v in md.items()}
 
 
 def write_metadata(w: gguf.GGUFWriter, cfg: ModelConfig) -> None:

@@ -16,6 +16,11 @@ llama.cpp's on the reference prompts, without transformers' ~20 s:
   of newlines and runs of the rest, a run of newlines that is a token taken whole, characters without a token as
   <0xXX> byte tokens. Newline-run tokens become added tokens here (matched whole, longest first): runs longer
   than the longest such token split greedily where llama.cpp would merge them by rank.
+- tokenizer.ggml.model == "bert" (llama.cpp's WPM, BERT's WordPiece): the vocabulary is stored in "phantom space"
+  spelling (llama.cpp's converter writes a word-initial piece as "▁piece" and a continuation "##piece" as "piece",
+  [bracketed] specials as they are); it is spelled back for a WordPiece model behind BERT's normalizer (lower case,
+  accents stripped, as llama.cpp's WPM always does) and pre-tokenizer; [CLS] (the BOS id) $A [SEP] and, for pairs,
+  $B:1 [SEP]:1 (the separator id) as BERT's template.
 - CONTROL tokens (type 3) become special added tokens (matched whole in text, skipped by
   decode(skip_special_tokens=True)); USER_DEFINED tokens (type 4) become plain added tokens (matched whole,
   kept on decode).
@@ -33,7 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
-from tokenizers.models import BPE
+from tokenizers.models import BPE, WordPiece
 
 from cpu_kernels import envs
 from engine.errors import ModelLoadError
@@ -157,8 +162,11 @@ def build_tokenizer_json(metadata: Mapping[str, Any]) -> str:
         tok, vocab_tokens, merges, alphabet = _byte_level(metadata, tokens)
     elif model == "gemma4":
         tok, vocab_tokens, merges, alphabet = _gemma4(metadata, tokens)
+    elif model == "bert":
+        tok, vocab_tokens, merges, alphabet = _wordpiece(metadata, tokens)
     else:
-        raise ModelLoadError(f"tokenizer.ggml.model {model!r} is not supported (supported: llama, gpt2, gemma4)")
+        raise ModelLoadError(f"tokenizer.ggml.model {model!r} is not supported (supported: llama, gpt2, gemma4, "
+                             "bert)")
 
     vocab = {t: i for i, t in enumerate(vocab_tokens)}
     special_ids = {i for i, ty in enumerate(types) if ty == CONTROL}
@@ -177,10 +185,13 @@ def build_tokenizer_json(metadata: Mapping[str, Any]) -> str:
         elif model == "gemma4" and t and not t.strip("\n"):  # a newline run that is a token stays whole
             added.append(_added(i, t, special=False))
 
-    _set_post_processor(tok, metadata, tokens)
+    if model != "bert":  # _wordpiece set BERT's template
+        _set_post_processor(tok, metadata, tokens)
     doc = json.loads(tok.to_str())
     doc["added_tokens"] = added
     doc["model"]["vocab"] = vocab
+    if model == "bert":
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
     # "a b" strings load ~30 % faster than pairs; only usable when no piece holds a space.
     if all(" " not in a and " " not in b for a, b in merges):
         doc["model"]["merges"] = [f"{a} {b}" for a, b in merges]
@@ -291,6 +302,28 @@ def _gemma4(metadata, tokens):
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
     vocab = set(tokens)  # a merge must lead from tokens to a token (the tokenizers library refuses others)
     return tok, tokens, [(a, b) for a, b in merges if a in vocab and b in vocab and a + b in vocab], None
+
+
+def _wordpiece(metadata, tokens):
+    """BERT's WordPiece from llama.cpp's phantom-space vocabulary (see the module docstring)."""
+    def spelled(t: str) -> str:
+        if t.startswith("[") and t.endswith("]"):
+            return t
+        return t[1:] if t.startswith("\u2581") else "##" + t
+    vocab_tokens = [spelled(t) for t in tokens]
+    unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
+    unk = vocab_tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else "[UNK]"
+    tok = Tokenizer(WordPiece(vocab={t: i for i, t in enumerate(vocab_tokens)}, unk_token=unk))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    cls_id = metadata.get("tokenizer.ggml.cls_token_id", metadata.get("tokenizer.ggml.bos_token_id"))
+    sep_id = metadata.get("tokenizer.ggml.seperator_token_id", metadata.get("tokenizer.ggml.eos_token_id"))
+    if isinstance(cls_id, int) and isinstance(sep_id, int):
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+    return tok, vocab_tokens, [], None
 
 
 def _set_post_processor(tok: Tokenizer, metadata, tokens) -> None:

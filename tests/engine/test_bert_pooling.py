@@ -25,11 +25,15 @@ TEXTS = ["the cat sat on the mat", "a big red house", "dogs running far away"]
 
 def save_wordpiece(folder) -> transformers.PreTrainedTokenizerFast:
     """A BERT WordPiece tokenizer (uncased, [CLS] a [SEP] b [SEP]) of 256 entries, saved beside a model."""
+    from tokenizers import BertWordPieceTokenizer
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
     vocab += [f"w{i}" for i in range(256 - len(vocab))]
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tok = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+    wp = BertWordPieceTokenizer({t: i for i, t in enumerate(vocab)}, lowercase=True)
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=wp, unk_token="[UNK]", sep_token="[SEP]",
+                                               pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]",
+                                               model_input_names=["input_ids", "token_type_ids", "attention_mask"])
     tok.save_pretrained(folder)
+    assert tok("the cats")["input_ids"] == [2, 5, 6, 14, 3]  # [CLS] the cat ##s [SEP]
     return tok
 
 
@@ -75,6 +79,37 @@ def test_sentence_transformers_mean_pooling(tmp_path):
     for text, out in zip(TEXTS, llm.embed(TEXTS, use_tqdm=False)):
         want = torch.nn.functional.normalize(_hidden(hf, tok, text).mean(dim=0), dim=0).numpy()
         assert np.abs(np.asarray(out.outputs.embedding) - want).max() < 2e-3
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_a_gguf_in_llama_cpps_layout_embeds_with_its_wordpiece_and_pooling(bert, tmp_path, qtype):
+    """A BERT GGUF with the tokenizer keys llama.cpp's converter writes (phantom-space WordPiece) and its pooling_type:
+    the same ids as transformers' tokenizer (single texts and pairs with their types), MEAN pooling read from the
+    file, the vectors of transformers (Q8_0 within its rounding)."""
+    import dataclasses
+
+    import gguf
+
+    from engine.model.gguf_export import default_qtype, write_gguf
+    from engine.model.weights import open_weights
+    from tests.model.tiny_models import wordpiece_gguf_metadata
+    folder, hf, tok = bert
+    ws = open_weights(str(folder))
+    tensors = {n: np.asarray(ws.raw(n), dtype=np.float32) for n in ws.names()}
+    path = str(tmp_path / "bert.gguf")
+    q = gguf.GGMLQuantizationType[qtype]
+    write_gguf(path, dataclasses.replace(ws.config, pooling_type="MEAN"), tensors, default_qtype(q),
+               tokenizer_metadata=wordpiece_gguf_metadata(tok))
+    llm = LLM(model=path, **KW)
+    mine = llm.get_tokenizer()
+    for text in TEXTS + ["Unknown-Words, UPPER case: cafés!"]:
+        assert mine.encode(text) == tok(text)["input_ids"], text
+    enc = tok(TEXTS[0], TEXTS[1])
+    assert mine.encode_pair(TEXTS[0], TEXTS[1]) == (enc["input_ids"], enc["token_type_ids"])
+    tol = 2e-3 if qtype == "F32" else 3e-2
+    for text, out in zip(TEXTS, llm.embed(TEXTS, use_tqdm=False)):
+        want = torch.nn.functional.normalize(_hidden(hf, tok, text).mean(dim=0), dim=0).numpy()
+        assert np.abs(np.asarray(out.outputs.embedding) - want).max() < tol
 
 
 def _class_probs(hf, enc) -> np.ndarray:

@@ -158,6 +158,25 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([ids])).logits[0].float()
 
 
+def wordpiece_gguf_metadata(tok) -> dict:
+    """The tokenizer keys llama.cpp's converter writes for a BERT WordPiece tokenizer (a transformers fast one): its
+    vocabulary in phantom-space spelling ("▁word", "##piece" -> "piece", [specials] as they are), specials CONTROL,
+    [CLS] as BOS and [SEP] as EOS and separator, both added."""
+    def phantom(t: str) -> str:
+        if t.startswith("[") and t.endswith("]"):
+            return t
+        return t[2:] if t.startswith("##") else "\u2581" + t
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    special = set(tok.all_special_ids)
+    return {"tokenizer.ggml.model": "bert", "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": [phantom(t) for t, _ in vocab],
+            "tokenizer.ggml.token_type": [3 if i in special else 1 for _, i in vocab],
+            "tokenizer.ggml.bos_token_id": tok.cls_token_id, "tokenizer.ggml.eos_token_id": tok.sep_token_id,
+            "tokenizer.ggml.seperator_token_id": tok.sep_token_id, "tokenizer.ggml.unknown_token_id": tok.unk_token_id,
+            "tokenizer.ggml.padding_token_id": tok.pad_token_id, "tokenizer.ggml.mask_token_id": tok.mask_token_id,
+            "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True}
+
+
 def save_tiny_tokenizer(folder, vocab_size: int = 256) -> None:
     """A real word-level tokenizer.json of vocab_size tokens ("t0".."tN", t1 = EOS) beside a tiny model, so that
     LLM(model=folder) loads it like any HF folder."""

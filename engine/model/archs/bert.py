@@ -37,7 +37,8 @@ class Bert(Architecture):
                     "classifier.weight": "cls.output.weight", "classifier.bias": "cls.output.bias"}
 
     def gguf_config(self, m, kw) -> None:
-        kw.update(hidden_act="gelu", bidirectional=True, type_vocab_size=m.num("token_type_count", 2),
+        types = m.md.get("tokenizer.ggml.token_type_count", 2)  # llama.cpp keeps it with the tokenizer's keys
+        kw.update(hidden_act="gelu", bidirectional=True, type_vocab_size=int(types),
                   pooling_type=POOLING_TYPES.get(m.num("pooling_type", 2), ""))
         if m.get("attention.causal", False):
             raise ModelLoadError(f"{m.gf.path}: bert.attention.causal is true: a causal BERT is not supported")
@@ -72,7 +73,7 @@ class Bert(Architecture):
     def gguf_metadata(self, cfg) -> dict:
         codes = {v: k for k, v in POOLING_TYPES.items()}
         return {"attention.layer_norm_epsilon": float(cfg.rms_norm_eps), "attention.causal": False,
-                "token_type_count": cfg.type_vocab_size, "pooling_type": codes.get(cfg.pooling_type, 2)}
+                "tokenizer.ggml.token_type_count": cfg.type_vocab_size, "pooling_type": codes.get(cfg.pooling_type, 2)}
 
     def absolute_embedding(self, cfg):
         return AbsoluteEmbeddingSpec(cfg.max_position_embeddings, cfg.type_vocab_size)
