@@ -5,6 +5,9 @@ import threading
 
 import numpy as np
 
+from cpu_kernels.activations import add_bias
+
+from . import bf16_io
 from .registry import QuantFormat, get_format
 from .threads import match_torch_threads, serial_if, serial_work
 
@@ -43,10 +46,21 @@ _AUTO = None
 _scratch = threading.local()
 
 
-def _tile_buffer(n: int, dtype=np.float32) -> np.ndarray:
-    """A reused buffer of n elements, one per thread and dtype: a fresh multi-MB array per call would
+def _runs(spans) -> list[tuple[int, int]]:
+    """Row spans (a, b) in order, adjacent ones joined."""
+    out: list[list[int]] = []
+    for a, b in spans:
+        if out and out[-1][1] == a:
+            out[-1][1] = b
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _tile_buffer(n: int, dtype=np.float32, use: str = "buf") -> np.ndarray:
+    """A reused buffer of n elements, one per thread, dtype and use: a fresh multi-MB array per call would
     pay its page faults again every time (about 0.1 ms per MB)."""
-    key = "buf_" + np.dtype(dtype).name
+    key = use + "_" + np.dtype(dtype).name
     buf = getattr(_scratch, key, None)
     if buf is None or buf.size < n:
         buf = np.empty(n, dtype)
@@ -110,18 +124,19 @@ class QuantLinear:
         return f"QuantLinear({self.ggml_type.name}, N={self.N}, K={self.K}, {self.nbytes / 2**20:.1f} MiB)"
 
     def matmul(self, x: np.ndarray, out: np.ndarray | None = None, batch_invariant: bool = False,
-               dense_dtype: str = "float32") -> np.ndarray:
-        """x f32 (M, K) -> x @ W^T f32 (M, N) (a 1-D x gives a 1-D result).
+               dense_dtype: str = "float32", bias: np.ndarray | None = None) -> np.ndarray:
+        """x f32 (M, K) -> x @ W^T (+ bias) f32 (M, N) (a 1-D x gives a 1-D result).
 
         batch_invariant: every row of the result is bitwise what matmul of that row alone gives
         (the M = 1 kernel runs for each row); otherwise large M takes the faster dense path.
         dense_dtype: the dense path's precision, one of DENSE_DTYPES.
+        bias: f32 (N,) added to every row (the bf16 dense path adds it as it widens its product).
         """
         if (out is None and type(x) is np.ndarray and x.ndim == 2 and x.dtype == np.float32 and x.shape[1] == self.K
                 and 0 < x.shape[0] and (batch_invariant or x.shape[0] <= GEMV_MAX_M) and x.flags.c_contiguous):
             y = np.empty((x.shape[0], self.N), np.float32)  # the decode path, without the general case's steps
             self.fmt.gemv(*self.packed, x, y)
-            return y
+            return y if bias is None else add_bias(y, bias)
         x = np.asarray(x)
         squeeze = x.ndim == 1
         if x.ndim not in (1, 2) or x.shape[-1] != self.K:
@@ -131,16 +146,15 @@ class QuantLinear:
         direct = (out is not None and out.dtype == np.float32 and out.flags.c_contiguous
                   and out.shape in ((M, self.N),) + (((self.N,),) if squeeze else ()))
         y = out.reshape(M, self.N) if direct else np.empty((M, self.N), np.float32)
+        dtype = None if M == 0 or batch_invariant or M <= GEMV_MAX_M else self._dense_path(dense_dtype)
         if M == 0:
             pass
-        elif batch_invariant or M <= GEMV_MAX_M:
+        elif dtype is None:  # GEMV rows (and formats whose GEMV beats the GEMM here: QuantFormat.gemv_prefill)
             self.fmt.gemv(*self.packed, x2, y)
+            if bias is not None:
+                add_bias(y, bias)
         else:
-            dtype = self._dense_path(dense_dtype)
-            if dtype is None:
-                self.fmt.gemv(*self.packed, x2, y)  # this format's GEMV beats the GEMM here (QuantFormat.gemv_prefill)
-            else:
-                self._matmul_dense(x2, y, dtype)
+            self._matmul_dense(x2, y, dtype, bias=bias)
         if out is not None and not direct:
             out[...] = y.reshape(out.shape)
             return out
@@ -148,9 +162,10 @@ class QuantLinear:
             return out
         return y[0] if squeeze else y
 
-    def matmul_spans(self, x: np.ndarray, spans: list[tuple[int, int]], y: np.ndarray, dense_dtype: str = "float32"):
-        """y[a:b] = matmul(x[a:b], dense_dtype=dense_dtype) bit for bit for each (a, b) in spans (each longer than
-        GEMV_MAX_M: a step's long prompts), with each tile of W dequantized once for all of them.
+    def matmul_spans(self, x: np.ndarray, spans: list[tuple[int, int]], y: np.ndarray, dense_dtype: str = "float32",
+                     bias: np.ndarray | None = None):
+        """y[a:b] = matmul(x[a:b], dense_dtype=dense_dtype, bias=bias) bit for bit for each (a, b) in spans (each longer
+        than GEMV_MAX_M: a step's long prompts), with each tile of W dequantized once for all of them.
 
         Args: x f32 (M, K); y f32 (M, N) C-contiguous, written in the spans' rows only.
         """
@@ -161,8 +176,10 @@ class QuantLinear:
         if dtype is None:
             for a, b in spans:
                 self.fmt.gemv(*self.packed, x[a:b], y[a:b])
+                if bias is not None:
+                    add_bias(y[a:b], bias)
         else:
-            self._matmul_dense(x, y, dtype, spans)
+            self._matmul_dense(x, y, dtype, spans, bias)
         return y
 
     def _dense_path(self, dense_dtype: str) -> str | None:
@@ -176,9 +193,9 @@ class QuantLinear:
             return None
         return dtype
 
-    def _matmul_dense(self, x: np.ndarray, y: np.ndarray, dtype: str, spans=None) -> None:
+    def _matmul_dense(self, x: np.ndarray, y: np.ndarray, dtype: str, spans=None, bias=None) -> None:
         """Prefill through torch, W dequantized tile by tile by the format's kernel; spans: the row ranges (a, b) of x
-        multiplied each on its own (default: all of x), every tile serving them all.
+        multiplied each on its own (default: all of x), every tile serving them all; bias added to those rows.
 
         float32: quantized formats see x rounded to Q8 per 32-block exactly as the GEMV path rounds it, and
         W in float32 (exact), so both paths agree to float32 summation order: a row's answer does not
@@ -192,8 +209,8 @@ class QuantLinear:
         match_torch_threads(torch)
         bf16 = dtype == "bfloat16"
         yt = torch.from_numpy(y)
-        if bf16:
-            xt = torch.from_numpy(x).to(torch.bfloat16)
+        if bf16:  # rounded on every core (torch's .to ran ~5x slower here), nearest even as torch rounds
+            xt = torch.from_numpy(bf16_io.to_bf16(x)).view(torch.bfloat16)
         else:
             xt = torch.from_numpy(q8_roundtrip(x) if self.fmt.int8_activations else x)
         tile = min(self.N, max(MIN_TILE_ROWS, TILE_ELEMS // self.K // 256 * 256))
@@ -204,11 +221,23 @@ class QuantLinear:
             w = buf[:hi - lo]
             self.fmt.dequant(*self.packed, rows[lo:hi], w)
             wt = torch.from_numpy(w).view(torch.bfloat16) if bf16 else torch.from_numpy(w)
+            if bf16:  # each span's bf16 product into one buffer, widened into y (+ bias) one run of spans at a time
+                prod = torch.from_numpy(_tile_buffer(x.shape[0] * (hi - lo), np.uint16, "prod")).view(
+                    torch.bfloat16).reshape(x.shape[0], hi - lo)
+                for a, b in spans or ((0, x.shape[0]),):
+                    torch.mm(xt[a:b], wt.T, out=prod[a:b])
+                bits = prod.view(torch.int16).numpy().view(np.uint16)
+                for a, b in _runs(spans or ((0, x.shape[0]),)):
+                    bf16_io.from_bf16(bits[a:b], y, a, lo, bias)
+                continue
             for a, b in spans or ((0, x.shape[0]),):
-                if hi - lo == self.N and not bf16:
+                if hi - lo == self.N:
                     torch.mm(xt[a:b], wt.T, out=yt[a:b])
                 else:
                     yt[a:b, lo:hi].copy_(torch.mm(xt[a:b], wt.T))
+        if bias is not None and not bf16:
+            for a, b in spans or ((0, x.shape[0]),):
+                add_bias(y[a:b], bias)
 
     def dequantize(self) -> np.ndarray:
         """The whole weight as float32 (N, K)."""

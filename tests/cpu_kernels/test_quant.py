@@ -559,3 +559,20 @@ def test_parallel_quantizers_equal_the_references():
     w[3, :256] = 0.5  # a constant super-block: zero steps
     w[4, :32] = -np.arange(32, dtype=np.float32)  # a sub-block below zero: its min is the offset
     np.testing.assert_array_equal(q4_k_rows(w), _q4_k(w.reshape(-1, 256)).reshape(40, -1))
+
+
+def test_bf16_conversions_are_torchs():
+    """The bf16 GEMM's input rounding and output widening (+ bias) on every core: the bits of torch's .to(bfloat16),
+    copy_ and numpy's add."""
+    import torch
+
+    from cpu_kernels.quant import bf16_io
+    x = (np.random.default_rng(2).standard_normal((70, 600)) * 5).astype(np.float32)
+    x[0, :3] = [1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, -0.0]  # ties round to even
+    want = torch.from_numpy(x).to(torch.bfloat16)
+    np.testing.assert_array_equal(bf16_io.to_bf16(x), want.view(torch.int16).numpy().view(np.uint16))
+    y = np.zeros((80, 700), np.float32)
+    bias = np.random.default_rng(3).standard_normal(700).astype(np.float32)
+    bf16_io.from_bf16(want.view(torch.int16).numpy().view(np.uint16), y, 5, 50, bias)
+    np.testing.assert_array_equal(y[5:75, 50:650], want.float().numpy() + bias[50:650])
+    assert not y[:5].any() and not y[:, :50].any() and not y[75:].any()

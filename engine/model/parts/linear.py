@@ -6,7 +6,6 @@ import threading
 
 import numpy as np
 
-from cpu_kernels.activations import add_bias
 from cpu_kernels.quant.linear import QuantLinear
 from cpu_kernels.quant.threads import serial_if, serial_work
 from engine.lora.slots import add_parts
@@ -72,22 +71,18 @@ class Linear:
 
     def _matmul(self, x: np.ndarray, rows, per_row: bool, scratch: np.ndarray | None = None,
                 dense_dtype: str | None = None) -> np.ndarray:
-        w = self.weight
+        w, b = self.weight, self.bias
         if self.batch_invariant or per_row or rows is None or not rows.applies_to(x):
             dense = dense_dtype or ("float32" if rows is None or rows.dense_dtype == "auto" else rows.dense_dtype)
-            y = w.matmul(x, batch_invariant=self.batch_invariant or per_row, dense_dtype=dense)
-        elif not rows.large:  # decodes and short chunks only
-            y = w.matmul(x, batch_invariant=True)
-        elif len(rows.large) == 1 and not rows.small.size:  # one long prefill chunk
-            y = w.matmul(x, out=scratch, dense_dtype=rows.dense_dtype)
-        else:
-            y = np.empty((x.shape[0], w.N), np.float32)
-            if rows.small.size:
-                y[rows.small] = w.matmul(x[rows.small], batch_invariant=True)
-            w.matmul_spans(x, rows.large, y, rows.dense_dtype)  # each long chunk on its own, W's tiles read once
-        if self.bias is not None:
-            add_bias(y, self.bias)
-        return y
+            return w.matmul(x, batch_invariant=self.batch_invariant or per_row, dense_dtype=dense, bias=b)
+        if not rows.large:  # decodes and short chunks only
+            return w.matmul(x, batch_invariant=True, bias=b)
+        if len(rows.large) == 1 and not rows.small.size:  # one long prefill chunk
+            return w.matmul(x, out=scratch, dense_dtype=rows.dense_dtype, bias=b)
+        y = np.empty((x.shape[0], w.N), np.float32)
+        if rows.small.size:
+            y[rows.small] = w.matmul(x[rows.small], batch_invariant=True, bias=b)
+        return w.matmul_spans(x, rows.large, y, rows.dense_dtype, b)  # each long chunk on its own, W's tiles read once
 
 
 def add_lora(parts: list, x: np.ndarray, y: np.ndarray, rows) -> None:
