@@ -90,7 +90,8 @@ def main() -> None:
         with torch.inference_mode():
             for b in batches:
                 ids = torch.from_numpy(b)
-                feats = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+                feats = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                         "token_type_ids": torch.zeros_like(ids)}
                 out.append(st(feats)["sentence_embedding"].numpy())
         return out
 

@@ -105,17 +105,15 @@ def check_encoder(arch: str, folder: Path) -> dict:
     import llama_cpp
     import torch
     from engine.model.gguf_export import write_gguf
-    from engine.model.weights import open_weights
     from tests.engine.test_bert_pooling import save_wordpiece
     from tests.model.test_bert import tiny_encoder
-    from tests.model.tiny_models import wordpiece_gguf_metadata
+    from tests.model.tiny_models import float_tensors, wordpiece_gguf_metadata
     hf = tiny_encoder(arch)
     hf.save_pretrained(folder, safe_serialization=True)
     tok = save_wordpiece(folder)
-    ws = open_weights(str(folder))
-    tensors = {n: np.asarray(ws.raw(n), dtype=np.float32) for n in ws.names()}
+    config, tensors = float_tensors(folder)
     path = str(folder / f"{arch}.gguf")
-    write_gguf(path, ws.config, tensors, lambda name, shape: gguf.GGMLQuantizationType.F32,
+    write_gguf(path, config, tensors, lambda name, shape: gguf.GGMLQuantizationType.F32,
                tokenizer_metadata=wordpiece_gguf_metadata(tok))
     try:
         llm = llama_cpp.Llama(path, n_ctx=64, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_CLS,
@@ -180,7 +178,8 @@ def main(argv=None) -> None:
             r = check_encoder(arch, folder) if arch in ENCODERS else \
                 check_arch(arch, folder, mtp=args.mtp and arch in MTP_ARCHES, lora=args.lora)
             results.append(r)
-            print(f"{arch}{' + MTP' if r['mtp_layers'] else ''}: " + (f"loads, {r.get('what', 'logits')} within {r['rel_err']:.1e} of transformers" if r["loads"]
+            what = r.get("what", "logits")
+            print(f"{arch}{' + MTP' if r['mtp_layers'] else ''}: " + (f"loads, {what} within {r['rel_err']:.1e} of transformers" if r["loads"]
                                   else f"does not load: {r['error']}"))
             if "lora_loads" in r:
                 print(f"{arch} + GGUF LoRA: " + (f"llama.cpp's logits within {r['lora_rel_err']:.1e} of PEFT's"

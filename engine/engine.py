@@ -196,7 +196,7 @@ class LLMEngine(RequestAdmission, LoRASteps):
                                        "all" if every_row else ("last" if s.sample else "none"),
                                        state_slot=max(s.state_slot, 0), snapshot=s.state_snapshot,
                                        group_block_ids=s.group_block_ids, lora_slot=self._lora_slot(s.req_id),
-                                       token_types=parent.token_type_ids[s.start_pos:s.start_pos + len(s.token_ids)]))
+                                       token_types=parent.token_type_ids[s.start_pos:s.start_pos + s.num_tokens]))
             except Exception as e:
                 self._fail(s.req_id, e, failures)
                 continue

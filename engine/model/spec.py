@@ -2,7 +2,8 @@
 else is derived from it (the CPU modules, the fused decode step, the GPU modules, the tensors a file must hold).
 
 A block is residual steps, each `x = after(x + post(part(pre(x))))` where pre, post and after are norms (or absent:
-RMSNorms, or LayerNorms with a bias where BlockSpec.norm says so) and part is one of the part specs below. Tensor names are GGUF's, relative to the layer (`blk.{i}.`).
+RMSNorms, or LayerNorms with a bias where BlockSpec.norm says so) and part is one of the part specs below. Tensor
+names are GGUF's, relative to the layer (`blk.{i}.`).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """PoolerConfig: how a pooling model turns hidden states into one vector: vLLM's pooler_config (pooling_type LAST,
 MEAN or CLS, normalize), read from the model folder's sentence-transformers files where it has them (modules.json,
 the pooling module's config.json, Dense projections after it, a Normalize module; any other module is refused),
-else the model's own (BERT: CLS; a GGUF file's pooling_type) or vLLM's default for decoder models (LAST), normalized; Matryoshka sizes from config.json (matryoshka_dimensions,
-is_matryoshka)."""
+else the model's own (BERT: CLS; a GGUF file's pooling_type) or vLLM's default for decoder models (LAST),
+normalized; Matryoshka sizes from config.json (matryoshka_dimensions, is_matryoshka)."""
 from __future__ import annotations
 
 import json

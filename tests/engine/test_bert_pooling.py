@@ -91,14 +91,12 @@ def test_a_gguf_in_llama_cpps_layout_embeds_with_its_wordpiece_and_pooling(bert,
     import gguf
 
     from engine.model.gguf_export import default_qtype, write_gguf
-    from engine.model.weights import open_weights
-    from tests.model.tiny_models import wordpiece_gguf_metadata
+    from tests.model.tiny_models import float_tensors, wordpiece_gguf_metadata
     folder, hf, tok = bert
-    ws = open_weights(str(folder))
-    tensors = {n: np.asarray(ws.raw(n), dtype=np.float32) for n in ws.names()}
+    config, tensors = float_tensors(folder)
     path = str(tmp_path / "bert.gguf")
     q = gguf.GGMLQuantizationType[qtype]
-    write_gguf(path, dataclasses.replace(ws.config, pooling_type="MEAN"), tensors, default_qtype(q),
+    write_gguf(path, dataclasses.replace(config, pooling_type="MEAN"), tensors, default_qtype(q),
                tokenizer_metadata=wordpiece_gguf_metadata(tok))
     llm = LLM(model=path, **KW)
     mine = llm.get_tokenizer()

@@ -12,9 +12,8 @@ import transformers
 
 from engine.model.gguf_export import default_qtype, write_gguf
 from engine.model.loader import load_model
-from engine.model.weights import open_weights
 from engine.worker.runner import ModelRunner, SeqChunk
-from tests.model.tiny_models import ENCODERS, randomize, save_tiny_tokenizer, tiny_config
+from tests.model.tiny_models import ENCODERS, float_tensors, randomize, save_tiny_tokenizer, tiny_config
 from tests.offload.helpers import placed
 
 Q = gguf.GGMLQuantizationType
@@ -40,11 +39,10 @@ def encoder(request, tmp_path_factory):
     hf = tiny_encoder(arch)
     folder = tmp_path_factory.mktemp(arch)
     hf.save_pretrained(folder, safe_serialization=True)
-    ws = open_weights(str(folder))
-    tensors = {n: np.asarray(ws.raw(n), dtype=np.float32) for n in ws.names()}
+    config, tensors = float_tensors(folder)
     files = {"f32": str(folder / "f32.gguf"), "q8_0": str(folder / "q8_0.gguf")}
-    write_gguf(files["f32"], ws.config, tensors)
-    write_gguf(files["q8_0"], ws.config, tensors, default_qtype(Q.Q8_0))
+    write_gguf(files["f32"], config, tensors)
+    write_gguf(files["q8_0"], config, tensors, default_qtype(Q.Q8_0))
     with torch.no_grad():
         refs = [hf(torch.tensor([p])).last_hidden_state[0].numpy() for p in PROMPTS]
     return arch, str(folder), files, refs

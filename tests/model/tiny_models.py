@@ -1,6 +1,7 @@
 """Tiny random HF models for the architecture tests (built in-process, no downloads)."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 import transformers
 
@@ -186,6 +187,13 @@ def save_tiny_tokenizer(folder, vocab_size: int = 256) -> None:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text('{"eos_token": "t1", "unk_token": "t0"}')
+
+
+def float_tensors(folder):
+    """(ModelConfig, {GGUF name: float32 array}) of a saved HF folder as ramlm reads it: what write_gguf takes."""
+    from engine.model.weights import open_weights
+    ws = open_weights(str(folder))
+    return ws.config, {n: np.asarray(ws.raw(n), dtype=np.float32) for n in ws.names()}
 
 
 def saved_tiny(folder, arch: str):
