@@ -5,6 +5,7 @@ r"""Do ramlm's GGUF files load in llama.cpp, and compute the same thing there?
     python -m bench.llamacpp_load --arch qwen35 --arch qwen35moe --mtp  # with an MTP layer (blk.{L}.nextn.*)
     python -m bench.llamacpp_load --arch llama --arch qwen3 --lora      # and a LoRA adapter as a GGUF LoRA file
     python -m bench.llamacpp_load --arch bert --arch roberta            # encoders: embeddings of texts
+    python -m bench.llamacpp_load --arch gemma-embedding                # EmbeddingGemma's llama.cpp layout
 
 For each architecture, a tiny random model is built with transformers (tests/model/tiny_models.py; run from the
 repository root), exported by engine/model/gguf_export.write_gguf in F32 with a byte-level vocabulary, loaded by
@@ -129,6 +130,28 @@ def check_encoder(arch: str, folder: Path) -> dict:
     return {"arch": arch, "mtp_layers": 0, "loads": True, "rel_err": max(errs), "what": "CLS embeddings"}
 
 
+def check_gemma_embedding(folder: Path) -> dict:
+    """llama.cpp's embeddings of a gemma-embedding file (EmbeddingGemma's layout: bidirectional gemma3 layers, mean
+    pooling, the dense_2 / dense_3 projections) against the sentence-transformers pipeline on transformers."""
+    import llama_cpp
+    from tests.engine.test_embedding_gemma import _reference, gemma_embedding_gguf, saved_embedding_gemma
+    model, up, down = saved_embedding_gemma(folder)
+    path = gemma_embedding_gguf(folder, up, down, str(folder / "gemma-embedding.gguf"))
+    try:
+        llm = llama_cpp.Llama(path, n_ctx=64, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+                              verbose=False, n_threads=2)
+    except Exception as e:  # noqa: BLE001 (the load error is the result)
+        return {"arch": "gemma-embedding", "mtp_layers": 0, "loads": False, "error": str(e)}
+    errs = []
+    for ids in ([5, 9, 200, 3, 17, 42, 7, 8, 100, 11, 12], [4, 4, 4]):
+        llm.tokenize = lambda *a, ids=ids, **k: list(ids)  # these token ids, not llama.cpp's tokens of a text
+        got = np.asarray(llm.embed("x", normalize=True), np.float64).reshape(-1)
+        ref = _reference(model, up, down, ids)
+        errs.append(float(np.abs(got - ref).max() / np.abs(ref).max()))
+    return {"arch": "gemma-embedding", "mtp_layers": 0, "loads": True, "rel_err": max(errs),
+            "what": "normalized mean embeddings after dense_2/dense_3"}
+
+
 def check_lora(arch: str, folder: Path, gguf_path: str, hf, config) -> dict:
     """llama.cpp with a GGUF LoRA file written from a PEFT folder, against PEFT's logits."""
     import llama_cpp
@@ -169,14 +192,18 @@ def main(argv=None) -> None:
     ap.add_argument("--mtp", action="store_true", help=f"give {', '.join(MTP_ARCHES)} an MTP layer")
     ap.add_argument("--lora", action="store_true", help="also a LoRA adapter as a GGUF LoRA file (llama.cpp applies it)")
     args = ap.parse_args(argv)
-    from tests.model.tiny_models import ARCHES, ENCODERS
+    from tests.model.tiny_models import ARCHES, ENCODERS, POOLING_ONLY
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for arch in args.arch or ARCHES:
             folder = Path(tmp) / arch
             folder.mkdir()
-            r = check_encoder(arch, folder) if arch in ENCODERS else \
-                check_arch(arch, folder, mtp=args.mtp and arch in MTP_ARCHES, lora=args.lora)
+            if arch in POOLING_ONLY:
+                r = check_gemma_embedding(folder)
+            elif arch in ENCODERS:
+                r = check_encoder(arch, folder)
+            else:
+                r = check_arch(arch, folder, mtp=args.mtp and arch in MTP_ARCHES, lora=args.lora)
             results.append(r)
             what = r.get("what", "logits")
             print(f"{arch}{' + MTP' if r['mtp_layers'] else ''}: " + (f"loads, {what} within {r['rel_err']:.1e} of transformers" if r["loads"]

@@ -43,4 +43,8 @@ def warmup(verbose: bool = False, types=None, bf16=None) -> float:
             lin.fmt.dequant(*lin.packed, np.zeros(1, np.int64), np.empty((1, K), np.uint16))
         if verbose:
             print(f"warmup {t.name}: {time.perf_counter() - t1:.2f} s")
+    if bf16:  # the bf16 GEMM's input rounding and output widening (QuantLinear._matmul_dense)
+        from . import bf16_io
+        x = np.ones((2, 32), np.float32)
+        bf16_io.from_bf16(bf16_io.to_bf16(x), x, 0, 0, np.zeros(32, np.float32))
     return time.perf_counter() - t0

@@ -17,7 +17,6 @@ class Architecture:
     rope_neox: bool = True               # RoPE pairs (i, i + d/2); llama's permuted GGUF rows pair (2i, 2i + 1)
     dense_ffn: bool = True               # every layer has a dense MLP of feed_forward_length (False: MoE layers)
     final_norm: bool = True              # output_norm after the last layer (BERT's layers end normed)
-    encoder: bool = False                # bidirectional attention only: the model pools, it never generates
     gguf_per_layer_keys: tuple[str, ...] = ()  # GGUF keys that may be per-layer arrays: the shared reader takes
                                                # layer 0's value, gguf_config reads the whole array
     gguf_norm_eps_key: str = "attention.layer_norm_rms_epsilon"  # the norms' epsilon (BERT's LayerNorms: its own)

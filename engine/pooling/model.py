@@ -2,6 +2,7 @@
 labels of a sequence-classification checkpoint, or a head made from two tokens' output rows: hf_overrides), the checks a pooling request passes, and each request's pool."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -16,12 +17,18 @@ from engine.pooling.pooler import PoolingState
 
 HEAD = "cls.output.weight"  # a sequence-classification checkpoint's head (HF score.weight, BERT's classifier)
 DENSE = "cls.weight"        # BERT's pooler / RoBERTa's classifier.dense before it, through tanh
+# sentence-transformers' Dense modules after the pooling, as llama.cpp's converter stores them (EmbeddingGemma)
+DENSE_PROJECTIONS = ("dense_2.weight", "dense_3.weight")
 
 
 class PoolingModel:
     def __init__(self, model, model_path: str, pooler_config: Optional[dict], two_way: Optional[list[int]] = None):
         self.model_path, self.hidden_size = model_path, model.config.hidden_size
         self.config = PoolerConfig.for_model(model_path, pooler_config, model.config.pooling_type or "LAST")
+        if not self.config.dense and has(model.weights, DENSE_PROJECTIONS[0]):  # a GGUF's sentence-transformers Dense
+            self.config = dataclasses.replace(self.config, dense=tuple(
+                (float_rows(model.weights, n).astype(np.float64), None, "identity")
+                for n in DENSE_PROJECTIONS if has(model.weights, n)))
         if self.config.dense:  # the vector's size is the last Dense projection's
             self.hidden_size = self.config.dense[-1][0].shape[0]
         if two_way is not None:
@@ -34,8 +41,8 @@ class PoolingModel:
     def build(cls, args, model, model_path: str, tokenizer=None) -> Optional["PoolingModel"]:
         """None for a generating model (runner generate, or auto on a checkpoint with a language-model head)."""
         runner = args.runner
-        if runner == "auto":  # an encoder (BERT) only pools
-            runner = "pooling" if model.arch.encoder else default_runner(model_path, args.hf_overrides)
+        if runner == "auto":  # an encoder (bidirectional attention: BERT, EmbeddingGemma) only pools
+            runner = "pooling" if model.config.bidirectional else default_runner(model_path, args.hf_overrides)
         if args.pooler_config is not None and runner != "pooling":
             raise ValueError("pooler_config is for pooling models: give runner='pooling' too")
         tokens = (args.hf_overrides or {}).get("classifier_from_token")
@@ -96,17 +103,21 @@ def two_way_head(model, ids: list[int]) -> Linear:
     """vLLM's from_2_way_softmax: a one-label head, the output matrix's row of the second token minus the first's, so
     that its sigmoid is the second token's probability against the first (Qwen3-Reranker's P(yes) over no/yes)."""
     ws = model.weights
-    name = "output.weight" if has(ws, "output.weight") else "token_embd.weight"
-    info = ws.info(name)
-    rows = np.asarray(ws.raw(name))[ids]
-    if info.ggml_type in (GT.F32, GT.F16):
-        rows = rows.astype(np.float32)
-    elif info.ggml_type == GT.BF16:
-        rows = (rows.astype(np.uint32) << 16).view(np.float32)
-    else:
-        rows = dequantize(rows, info.ggml_type).reshape(2, -1)
+    rows = float_rows(ws, "output.weight" if has(ws, "output.weight") else "token_embd.weight", ids)
     w = np.ascontiguousarray((rows[1].astype(np.float64) - rows[0]).astype(np.float32)[None])
     return Linear.of(QuantLinear.from_raw(GT.F32, w, w.shape))
+
+
+def float_rows(ws, name: str, ids=None) -> np.ndarray:
+    """Rows ids (default: all) of a 2-D weight as float32, whatever its type (gguf's dequantize for block types)."""
+    info = ws.info(name)
+    rows = np.asarray(ws.raw(name))
+    rows = rows if ids is None else rows[ids]
+    if info.ggml_type in (GT.F32, GT.F16):
+        return rows.astype(np.float32)
+    if info.ggml_type == GT.BF16:
+        return (rows.astype(np.uint32) << 16).view(np.float32)
+    return dequantize(rows, info.ggml_type).reshape(rows.shape[0], -1)
 
 
 def check_kind(pooling: Optional[PoolingModel], params) -> None:

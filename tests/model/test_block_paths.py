@@ -19,7 +19,7 @@ from engine.model.weights import open_weights
 from engine.worker.runner import ModelRunner, SeqChunk
 from gpu_kernels.modules import DeviceBlock
 from tests.fused_calls import count_fused_calls
-from tests.model.tiny_models import ARCHES, ENCODERS, arch_of, hf_logits, tiny_model
+from tests.model.tiny_models import ARCHES, ENCODERS, POOLING_ONLY, arch_of, hf_logits, tiny_model
 from tests.offload.helpers import placed
 
 Q = gguf.GGMLQuantizationType
@@ -28,7 +28,7 @@ SPLIT = 6  # prefill PROMPT[:SPLIT], then decode the rest one token per step
 
 
 def test_every_architecture_has_a_tiny_model():
-    assert sorted(ARCHITECTURES) == sorted({arch_of(a) for a in ARCHES + ENCODERS})
+    assert sorted(ARCHITECTURES) == sorted({arch_of(a) for a in ARCHES + ENCODERS + POOLING_ONLY})
 
 
 @pytest.mark.parametrize("cls", sorted(set(PART_CLASSES.values()), key=lambda c: c.__name__))

@@ -91,6 +91,8 @@ ARCHES = ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "gpt-oss",
           "qwen35moe", "gemma4", "gemma4-moe"]
 # encoders (GGUF bert): no logits, no decode steps; tested in tests/model/test_bert.py
 ENCODERS = ["bert", "roberta", "xlm-roberta"]
+# gemma3's layers as llama.cpp's converter writes EmbeddingGemma: tests/engine/test_embedding_gemma.py
+POOLING_ONLY = ["gemma-embedding"]
 # their routers' top-k can flip near ties under quantization
 MOE_ARCHES = {"qwen3moe", "glm4moe", "gpt-oss", "deepseek2", "deepseek2-lite", "qwen35moe", "gemma4-moe"}
 ZERO_CENTRED_NORMS = {"gemma3", "qwen35", "qwen35moe"}  # HF stores w of (1 + w)

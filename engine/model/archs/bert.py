@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from engine.errors import ModelLoadError
 from engine.model.architecture import Architecture
+from engine.model.pooling_types import POOLING_TYPES
 from engine.model.registry import register
 from engine.model.spec import AbsoluteEmbeddingSpec, AttentionSpec, BlockSpec, MLPSpec, Residual
 
-# llama.cpp's enum llama_pooling_type (the GGUF key bert.pooling_type) and the pooler's names for them
-POOLING_TYPES = {1: "MEAN", 2: "CLS", 3: "LAST"}
 PREFIXES = ("bert.", "roberta.")
 
 
@@ -19,7 +18,6 @@ class Bert(Architecture):
     name = "bert"
     hf_model_types = ("bert", "roberta", "xlm-roberta")
     final_norm = False
-    encoder = True
     gguf_norm_eps_key = "attention.layer_norm_epsilon"
     hf_layer_map = {"attention.self.query": "attn_q", "attention.self.key": "attn_k",
                     "attention.self.value": "attn_v", "attention.output.dense": "attn_output",

@@ -6,6 +6,7 @@ import math
 from cpu_kernels.rope import RopeScaling
 from engine.model.architecture import Architecture
 from engine.model.registry import register
+from engine.model.pooling_types import POOLING_TYPES
 from engine.model.spec import AttentionSpec, BlockSpec, GatedMLPSpec, Residual, RopeSpec
 
 SWA_PERIOD = 6  # llama.cpp set_swa_pattern(6): every 6th layer is global
@@ -59,3 +60,31 @@ class Gemma3(Architecture):
                              scale=cfg.attn_scale, bidirectional=cfg.bidirectional)
         return BlockSpec((Residual(attn, "attn_norm", "post_attention_norm"),
                           Residual(GatedMLPSpec(cfg.hidden_act), "ffn_norm", "post_ffw_norm")))
+
+
+@register
+class GemmaEmbedding(Gemma3):
+    """llama.cpp's gemma-embedding (EmbeddingGemma as its converter writes it): gemma3's layers attending both ways, a
+    sliding layer over |i - j| <= sliding_window / 2 (llama.cpp's symmetric window on transformers' saved value), mean
+    pooling (pooling_type), and sentence-transformers' two Dense projections as dense_2 / dense_3 tensors. HF
+    EmbeddingGemma folders are gemma3 configs with use_bidirectional_attention."""
+    name = "gemma-embedding"
+    hf_model_types = ()
+
+    def gguf_config(self, m, kw) -> None:
+        super().gguf_config(m, kw)
+        saved = m.num("attention.sliding_window", 0)
+        window = saved // 2 + 1 if saved > 0 else 0  # |i - j| <= saved / 2, i.e. < window
+        n = kw["num_layers"]
+        kw["layer_sliding_window"] = tuple(0 if (i + 1) % SWA_PERIOD == 0 else window for i in range(n)) \
+            if window else ()
+        kw.update(attn_scale=kw["head_dim"] ** -0.5, bidirectional=True,
+                  pooling_type=POOLING_TYPES.get(m.num("pooling_type", 1), ""))
+
+    def gguf_metadata(self, cfg) -> dict:
+        windows = [w for w in cfg.layer_sliding_window if w]
+        codes = {v: k for k, v in POOLING_TYPES.items()}
+        md = {"pooling_type": codes.get(cfg.pooling_type or "MEAN", 1)}
+        if windows:
+            md["attention.sliding_window"] = (windows[0] - 1) * 2  # transformers' saved value, as the converter writes
+        return md
