@@ -93,8 +93,10 @@ class EngineArgs:
     prefill_dtype: str = field(default="auto", metadata=_meta(
         "precision of long prefill chunks: float32 (agrees with decode's kernels to rounding order), "
         "bfloat16 (oneDNN's bf16 GEMM: 2-10x faster prefill, about 0.2 percent relative error per matmul "
-        "output) or auto (bfloat16 where the CPU multiplies bf16 natively, else float32)",
-        choices=("auto", "float32", "bfloat16")))
+        "output), int8 (W8A8: weight and activation rows quantized per row to int8, oneDNN's int8 GEMM; about "
+        "1 percent relative error per output, an int8 copy of every weight used) or auto (bfloat16 where the CPU "
+        "multiplies bf16 natively, else float32)",
+        choices=("auto", "float32", "bfloat16", "int8")))
     seed: int = field(default=0, metadata=_meta("seed of the engine's sampler"))
     num_threads: Optional[int] = field(default=None, metadata=_meta("CPU threads for the kernels (default: all cores)"))
     chat_template: Optional[str] = field(default=None, metadata=_meta("Jinja chat template file or string"))

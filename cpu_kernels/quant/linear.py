@@ -7,7 +7,7 @@ import numpy as np
 
 from cpu_kernels.activations import add_bias
 
-from . import bf16_io
+from . import bf16_io, int8_gemm
 from .registry import QuantFormat, get_format
 from .threads import match_torch_threads, serial_if, serial_work
 
@@ -22,8 +22,9 @@ GEMV_MAX_M = 32
 TILE_ELEMS = 1 << 23
 MIN_TILE_ROWS = 1024
 # Precisions of the dense (prefill) path: float32 agrees with the GEMV to summation order; bfloat16 runs
-# oneDNN's bf16 GEMM (AMX or AVX512-BF16, 3-6x faster here) and rounds inputs and outputs to bf16.
-DENSE_DTYPES = ("auto", "float32", "bfloat16")
+# oneDNN's bf16 GEMM (AMX or AVX512-BF16, 3-6x faster here) and rounds inputs and outputs to bf16; int8 runs its
+# int8 GEMM on rows quantized per row (int8_gemm.py, W8A8).
+DENSE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 
 
 def auto_dense_dtype() -> str:
@@ -207,6 +208,9 @@ class QuantLinear:
         import torch
 
         match_torch_threads(torch)
+        if dtype == "int8":
+            self._matmul_int8(torch, x, y, spans, bias)
+            return
         bf16 = dtype == "bfloat16"
         yt = torch.from_numpy(y)
         if bf16:  # rounded on every core (torch's .to ran ~5x slower here), nearest even as torch rounds
@@ -238,6 +242,28 @@ class QuantLinear:
         if bias is not None and not bf16:
             for a, b in spans or ((0, x.shape[0]),):
                 add_bias(y[a:b], bias)
+
+    def _matmul_int8(self, torch, x: np.ndarray, y: np.ndarray, spans, bias) -> None:
+        """W8A8: x's rows and W's rows quantized per row to int8, int32 sums by oneDNN, scaled back (+ bias)."""
+        wq, sw = self.int8_rows()
+        xq, sx = int8_gemm.quantize_rows(x)
+        wt = torch.from_numpy(wq).T
+        for a, b in spans or ((0, x.shape[0]),):
+            acc = torch._int_mm(torch.from_numpy(xq[a:b]), wt).numpy()
+            int8_gemm.dequantize_into(acc, sx[a:b], sw, y, a, bias)
+
+    def int8_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """W's rows quantized per row to int8 (N, K) with their scales (N,): made from W's values at the first int8
+        prefill and kept (N x K bytes more)."""
+        got = getattr(self, "_int8", None)
+        if got is None:
+            wq, sw = np.empty((self.N, self.K), np.int8), np.empty(self.N, np.float32)
+            tile = max(1, min(self.N, TILE_ELEMS // self.K))
+            for lo in range(0, self.N, tile):
+                hi = min(self.N, lo + tile)
+                wq[lo:hi], sw[lo:hi] = int8_gemm.quantize_rows(self.embed(np.arange(lo, hi)))
+            got = self._int8 = (wq, sw)
+        return got
 
     def dequantize(self) -> np.ndarray:
         """The whole weight as float32 (N, K)."""

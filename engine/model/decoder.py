@@ -1,6 +1,6 @@
-"""The decoder every architecture shares: embed (and per-layer embeddings, Gemma 4) -> blocks (one per layer, from the
-architecture's BlockSpecs, each over its paged cache or, for a KV-shared layer, the one it reads) -> final norm ->
-logits."""
+"""The decoder every architecture shares: embed (and per-layer embeddings, Gemma 4; learned absolute positions and
+token types, BERT) -> blocks (one per layer, from the architecture's BlockSpecs, each over its paged cache or, for a
+KV-shared layer, the one it reads) -> final norm (where the architecture has one) -> logits."""
 from __future__ import annotations
 
 import dataclasses

@@ -188,7 +188,7 @@ def test_auto_long_matmul_takes_the_gemv_from_min_k_on():
     np.testing.assert_array_equal(lin.matmul(x, dense_dtype="auto"), lin.matmul(x, batch_invariant=True))
 
 
-@pytest.mark.parametrize("dense", ["float32", "bfloat16", "auto"])
+@pytest.mark.parametrize("dense", ["float32", "bfloat16", "auto", "int8"])
 def test_spans_equal_each_span_alone(case, dense):
     """A step's long prompts through matmul_spans (W's tiles dequantized once for all): each span's rows are bit for
     bit what matmul gives for that span alone; rows outside the spans are left as they were."""
@@ -559,6 +559,24 @@ def test_parallel_quantizers_equal_the_references():
     w[3, :256] = 0.5  # a constant super-block: zero steps
     w[4, :32] = -np.arange(32, dtype=np.float32)  # a sub-block below zero: its min is the offset
     np.testing.assert_array_equal(q4_k_rows(w), _q4_k(w.reshape(-1, 256)).reshape(40, -1))
+
+
+def test_int8_prefill_is_w8a8(case):
+    """The int8 dense path: rows of x and W quantized per row (int8, scale max/127), their int32 sums scaled back;
+    within W8A8's rounding of the float64 product, and exactly the numpy model of those steps."""
+    from cpu_kernels.quant import int8_gemm
+    t, cases = case
+    for N, K, w, raw, deq in cases[:2]:
+        lin = QuantLinear.from_raw(t, raw, (N, K))
+        x = np.random.default_rng(9).standard_normal((GEMV_MAX_M + 7, K)).astype(np.float32)
+        got = lin.matmul(x, dense_dtype="int8")
+        assert rel_err(got, x.astype(np.float64) @ deq.astype(np.float64).T) < 3e-2, t.name
+        xq, sx = int8_gemm.quantize_rows(x)
+        wq, sw = lin.int8_rows()
+        assert np.abs(xq).max() <= 127 and np.allclose(xq * sx[:, None], x, atol=float(sx.max()) / 2 + 1e-7)
+        acc = xq.astype(np.int64) @ wq.astype(np.int64).T
+        want = (acc.astype(np.float32) * (sx[:, None] * sw[None, :])).astype(np.float32)
+        np.testing.assert_array_equal(got, want)
 
 
 def test_bf16_conversions_are_torchs():

@@ -110,6 +110,20 @@ def test_a_gguf_in_llama_cpps_layout_embeds_with_its_wordpiece_and_pooling(bert,
         assert np.abs(np.asarray(out.outputs.embedding) - want).max() < tol
 
 
+@pytest.mark.parametrize("prefill", ["bfloat16", "int8"])
+def test_long_prompts_in_the_fast_prefill_precisions(bert, prefill):
+    """Prompts longer than the GEMV rows run the dense path: bf16 GEMMs (the default where native) or W8A8 int8 ones;
+    their vectors stay near transformers' float32 ones (cosine)."""
+    folder, hf, tok = bert
+    llm = LLM(model=str(folder), **{**KW, "dtype": "auto", "prefill_dtype": prefill})
+    prompts = [[2] + [(7 * i + 11 * j) % 250 + 5 for i in range(40 + j)] + [3] for j in range(3)]
+    for ids, out in zip(prompts, llm.embed([{"prompt_token_ids": p} for p in prompts], use_tqdm=False)):
+        with torch.no_grad():
+            h = hf(torch.tensor([ids])).last_hidden_state[0, 0].double()
+        want = torch.nn.functional.normalize(h, dim=0).numpy()
+        assert float(np.dot(out.outputs.embedding, want)) > (0.9999 if prefill == "bfloat16" else 0.999)
+
+
 def _class_probs(hf, enc) -> np.ndarray:
     with torch.no_grad():
         return torch.softmax(hf(**enc).logits[0].double(), dim=-1).numpy()
@@ -207,3 +221,6 @@ def test_server_embeddings_score_and_rerank(bert, cross_encoder):
         r = httpx.post(srv.base_url + "/score", json={"text_1": "the cat", "text_2": "the mat",
                                                       "truncate_prompt_tokens": 3}, headers=headers, timeout=60)
         assert r.status_code == 400 and "truncate_prompt_tokens" in r.text
+        r = httpx.post(srv.base_url + "/v1/rerank", json={"query": "the cat", "documents": []}, headers=headers,
+                       timeout=60)
+        assert r.status_code == 400 and "documents" in r.text

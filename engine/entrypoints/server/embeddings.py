@@ -102,7 +102,7 @@ async def create_score(body: ScoreRequest, request: Request):
     model = st.check_model(body.model)
     cross = is_cross_encoder(st.engine.engine.pooling)
     if _pair_template(st, cross, body.truncate_prompt_tokens):  # the tokenizer joins each pair
-        first, second = _texts(body.text_1), _texts(body.text_2)
+        first, second = _texts(body.text_1, "text_1"), _texts(body.text_2, "text_2")
     else:
         first = await _token_ids(st, body.text_1, True, body.truncate_prompt_tokens, "text_1")
         second = await _token_ids(st, body.text_2, not cross, body.truncate_prompt_tokens, "text_2")
@@ -127,7 +127,7 @@ async def create_rerank(body: RerankRequest, request: Request):
     model = st.check_model(body.model)
     cross = is_cross_encoder(st.engine.engine.pooling)
     if _pair_template(st, cross, body.truncate_prompt_tokens):  # the tokenizer joins each pair
-        query, docs = [body.query], list(body.documents)
+        query, docs = _texts(body.query, "query"), _texts(body.documents, "documents")
     else:
         query = await _token_ids(st, body.query, True, body.truncate_prompt_tokens, "query")
         docs = await _token_ids(st, body.documents, not cross, body.truncate_prompt_tokens, "documents")
@@ -153,10 +153,10 @@ def _pair_template(st, cross: bool, truncate) -> bool:
     return True
 
 
-def _texts(x) -> list[str]:
+def _texts(x, field: str) -> list[str]:
     texts = [x] if isinstance(x, str) else list(x)
     if not texts or not all(texts):
-        raise bad_request("every text of a score must be a non-empty string", "text_1")
+        raise bad_request(f"{field} must hold non-empty texts", field)
     return texts
 
 

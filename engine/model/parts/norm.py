@@ -31,7 +31,6 @@ class RMSNorm:
                 y = norms.rms_norm(x2, self.weight, self.eps)
         return y if x.ndim == 2 else y.reshape(x.shape)
 
-
     def add(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """norm(x + y): a post-norm residual step."""
         return add_and_norm(x, y, None, self)[1]
