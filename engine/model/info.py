@@ -120,6 +120,15 @@ def format_info(info: dict[str, Any]) -> str:
     rope += ", neox" if c["rope_neox"] else ", normal"
     if rs["type"] != "none":
         rope += f", {rs['type']} scaling x{rs['factor']:g}"
+    from engine.model.architecture import Architecture
+    from engine.model.registry import architecture
+    arch = architecture(c["arch"])
+    if type(arch).absolute_embedding is not Architecture.absolute_embedding:  # BERT: no rotation at all
+        rope = f"none (learned absolute positions, {c['type_vocab_size']} token types)"
+    norm = "layer-norm eps" if not arch.final_norm else "rms eps"  # post-norm LayerNorm models end normed
+    head = f"tied embeddings {'yes' if c['tie_word_embeddings'] else 'no'}"
+    if c["bidirectional"]:  # an encoder: no output matrix is used, the rows are pooled
+        head = f"encoder (attends both ways), pooling {c['pooling_type'] or 'LAST'}"
     windows = list(c["layer_sliding_window"])
     attn = f"{c['num_heads']} heads, {c['num_kv_heads']} kv heads, head_dim {c['head_dim']}"
     if c.get("head_dim_global"):  # Gemma 4's full-attention layers
@@ -147,8 +156,7 @@ def format_info(info: dict[str, Any]) -> str:
     lines += [
         f"rope:           {rope}",
         f"context:        {c['max_position_embeddings']}",
-        f"activation:     {c['hidden_act']}, rms eps {c['rms_norm_eps']:g}, "
-        f"tied embeddings {'yes' if c['tie_word_embeddings'] else 'no'}",
+        f"activation:     {c['hidden_act']}, {norm} {c['rms_norm_eps']:g}, {head}",
         "tensor types:",
     ]
     for name, t in info["tensor_types"].items():

@@ -91,6 +91,15 @@ def test_an_encoder_never_runs_fused_and_refuses_a_gpu(encoder):
         placed(folder, n_gpu_layers="all")
 
 
+def test_info_describes_an_encoder(encoder):
+    from engine.model.info import format_info, model_info
+    arch, folder, files, _ = encoder
+    for path in (folder, files["q8_0"]):
+        text = format_info(model_info(path))
+        assert "rope:           none (learned absolute positions" in text, text
+        assert "layer-norm eps 1e-12, encoder (attends both ways), pooling CLS" in text, text
+
+
 def test_positions_beyond_the_learned_ones_are_refused(tmp_path):
     hf = tiny_encoder("bert")
     hf.save_pretrained(tmp_path, safe_serialization=True)
