@@ -12,9 +12,11 @@ _NO_BIAS = np.empty(0, np.float32)
 
 
 @njit(parallel=True, cache=CACHE)
-def _to_bf16(bits, out):
-    for t in prange(bits.shape[0]):
-        src, dst = bits[t], out[t]
+def rows_to_bf16(bits, rows, out):
+    """out[i] = the bfloat16 bits of float32 bits row rows[i], rounded to nearest even (finite values), a row per
+    thread step: activations before a bf16 GEMM, F32 weight tiles."""
+    for i in prange(rows.shape[0]):
+        src, dst = bits[rows[i]], out[i]
         for k in range(src.shape[0]):
             b = src[k]
             dst[k] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
@@ -23,7 +25,7 @@ def _to_bf16(bits, out):
 def to_bf16(x: np.ndarray) -> np.ndarray:
     """x f32 (M, K) C-contiguous -> new uint16 (M, K): its bfloat16 bits, rounded to nearest even (finite values)."""
     out = np.empty(x.shape, np.uint16)
-    _to_bf16(x.view(np.uint32), out)
+    rows_to_bf16(x.view(np.uint32), np.arange(x.shape[0], dtype=np.int64), out)
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .bf16_io import rows_to_bf16
 from .simd import CACHE, bf16_to_f32, f16_to_f32, hsum, load_bf16x16, load_f16x16, load_f32x16, muladd, zero_f32x16
 
 
@@ -69,19 +70,9 @@ def _put(vals: np.ndarray, out: np.ndarray) -> None:
         out[...] = vals
 
 
-@njit(parallel=True, cache=CACHE)
-def _bits_to_bf16(bits, rows, out):
-    # float32 bits (N, K) rows -> bfloat16 bits rounded to nearest even, _put's rule, one row per thread step
-    for i in prange(rows.shape[0]):
-        src, dst = bits[rows[i]], out[i]
-        for k in range(src.shape[0]):
-            b = src[k]
-            dst[k] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
-
-
 def deq_f32(w, rows, out):
-    if out.dtype == np.uint16 and w.dtype == np.float32:  # a bf16 prefill's tile: every core converts
-        _bits_to_bf16(w.view(np.uint32), rows, out)
+    if out.dtype == np.uint16 and w.dtype == np.float32:  # a bf16 prefill's tile: every core converts (_put's rule)
+        rows_to_bf16(w.view(np.uint32), rows, out)
     else:
         _put(np.take(w, rows, axis=0), out)
 

@@ -208,6 +208,7 @@ class QuantLinear:
         import torch
 
         match_torch_threads(torch)
+        spans = spans or ((0, x.shape[0]),)
         if dtype == "int8":
             self._matmul_int8(torch, x, y, spans, bias)
             return
@@ -228,19 +229,19 @@ class QuantLinear:
             if bf16:  # each span's bf16 product into one buffer, widened into y (+ bias) one run of spans at a time
                 prod = torch.from_numpy(_tile_buffer(x.shape[0] * (hi - lo), np.uint16, "prod")).view(
                     torch.bfloat16).reshape(x.shape[0], hi - lo)
-                for a, b in spans or ((0, x.shape[0]),):
+                for a, b in spans:
                     torch.mm(xt[a:b], wt.T, out=prod[a:b])
                 bits = prod.view(torch.int16).numpy().view(np.uint16)
-                for a, b in _runs(spans or ((0, x.shape[0]),)):
+                for a, b in _runs(spans):
                     bf16_io.from_bf16(bits[a:b], y, a, lo, bias)
                 continue
-            for a, b in spans or ((0, x.shape[0]),):
+            for a, b in spans:
                 if hi - lo == self.N:
                     torch.mm(xt[a:b], wt.T, out=yt[a:b])
                 else:
                     yt[a:b, lo:hi].copy_(torch.mm(xt[a:b], wt.T))
         if bias is not None and not bf16:
-            for a, b in spans or ((0, x.shape[0]),):
+            for a, b in spans:
                 add_bias(y[a:b], bias)
 
     def _matmul_int8(self, torch, x: np.ndarray, y: np.ndarray, spans, bias) -> None:
@@ -248,7 +249,7 @@ class QuantLinear:
         wq, sw = self.int8_rows()
         xq, sx = int8_gemm.quantize_rows(x)
         wt = torch.from_numpy(wq).T
-        for a, b in spans or ((0, x.shape[0]),):
+        for a, b in spans:
             acc = torch._int_mm(torch.from_numpy(xq[a:b]), wt).numpy()
             int8_gemm.dequantize_into(acc, sx[a:b], sw, y, a, bias)
 

@@ -174,7 +174,8 @@ def test_cross_encoder_scores_pairs_with_their_token_types(cross_encoder):
     want = [_pair_score(hf, tok, query, d) for d in docs]
     np.testing.assert_allclose(got, want, atol=2e-3)
     ids, types = tok(query, docs[0])["input_ids"], tok(query, docs[0])["token_type_ids"]
-    assert 1 in types
+    n_query = len(tok(query)["input_ids"])  # [CLS] query [SEP] typed 0, then the document and its [SEP] typed 1
+    assert types == [0] * n_query + [1] * (len(ids) - n_query) and len(ids) > n_query
     untyped = llm.classify({"prompt_token_ids": ids}, use_tqdm=False)[0].outputs.probs[0]
     assert abs(untyped - want[0]) > 1e-3  # the types matter: all-zero types score differently
     with pytest.raises(ValueError, match="token_type_ids has"):

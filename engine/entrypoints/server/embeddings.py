@@ -101,11 +101,8 @@ async def create_score(body: ScoreRequest, request: Request):
     st = state_of(request)
     model = st.check_model(body.model)
     cross = is_cross_encoder(st.engine.engine.pooling)
-    if _pair_template(st, cross, body.truncate_prompt_tokens):  # the tokenizer joins each pair
-        first, second = _texts(body.text_1, "text_1"), _texts(body.text_2, "text_2")
-    else:
-        first = await _token_ids(st, body.text_1, True, body.truncate_prompt_tokens, "text_1")
-        second = await _token_ids(st, body.text_2, not cross, body.truncate_prompt_tokens, "text_2")
+    first, second = await _sides(st, cross, body.truncate_prompt_tokens, (body.text_1, "text_1"),
+                                 (body.text_2, "text_2"))
     try:
         pairs = pair_up(first, second)
     except ValueError as e:
@@ -126,11 +123,8 @@ async def create_rerank(body: RerankRequest, request: Request):
     st = state_of(request)
     model = st.check_model(body.model)
     cross = is_cross_encoder(st.engine.engine.pooling)
-    if _pair_template(st, cross, body.truncate_prompt_tokens):  # the tokenizer joins each pair
-        query, docs = _texts(body.query, "query"), _texts(body.documents, "documents")
-    else:
-        query = await _token_ids(st, body.query, True, body.truncate_prompt_tokens, "query")
-        docs = await _token_ids(st, body.documents, not cross, body.truncate_prompt_tokens, "documents")
+    query, docs = await _sides(st, cross, body.truncate_prompt_tokens, (body.query, "query"),
+                               (body.documents, "documents"))
     rid = f"rerank-{uuid.uuid4().hex}"
     scores, tokens = await _pair_scores(request, st, rid, query, docs, [(0, j) for j in range(len(docs))], model,
                                         cross)
@@ -140,6 +134,15 @@ async def create_rerank(body: RerankRequest, request: Request):
     results = [{"index": i, "relevance_score": scores[i],
                 "document": {"text": body.documents[i]} if body.return_documents else None} for i in order]
     return {"id": rid, "model": model, "usage": {"total_tokens": tokens}, "results": results}
+
+
+async def _sides(st, cross: bool, truncate, first, second) -> tuple[list, list]:
+    """The two sides of a score ((input, field) each): texts where the tokenizer's pair template joins them, else
+    [(None, token ids)] (a cross-encoder's second side without special tokens, cut to truncate's last tokens)."""
+    if _pair_template(st, cross, truncate):
+        return _texts(*first), _texts(*second)
+    return (await _token_ids(st, first[0], True, truncate, first[1]),
+            await _token_ids(st, second[0], not cross, truncate, second[1]))
 
 
 def _pair_template(st, cross: bool, truncate) -> bool:
