@@ -28,7 +28,8 @@ from .dot import Q8_OFFSET, acc_i32, dpbusd_acc, dpbusd_q8, zero_acc
 from .simd import (CACHE, PREFETCH_AHEAD, bits_to_bytes, concat, f16_to_f32, i8_to_f32, lane, load_bcast4, load_f16x8,
                    load_strided4, load_strided4x4, load_u8x32, muladd, prefetch, splat_i32, store, to_f32, vadd, vand,
                    vmul, vor, vshl, vshr, vsub, zero_f32x8, zero_f32x16)
-from .wide import byte_pair_passes, dpbusd16, load_bcast4x16, pair_units, splat_i32x16, store16x4, unit_group
+from .wide import (byte_pair_passes, dpbusd16, load_bcast4x16, pair_units, pass_rows, splat_i32x16, store16x4,
+                   unit_group)
 
 
 @njit(cache=CACHE)
@@ -121,6 +122,20 @@ def q8_0_pair(q, d, xq, xd, s, out, g, nb):
         store16x4(out, m0, 8 * g, a0, a1, a2, a3)
 
 
+@njit(cache=CACHE)
+def q8_0_rows(q, d, xq, xd, s, out, g, nb, m_start, m_end):
+    """gemv_q8_0's activation rows m_start..m_end - 1 one at a time over group g (the first row prefetches)."""
+    K = xq.shape[1]
+    for m in range(m_start, m_end):
+        acc = zero_f32x8()
+        for b in range(nb):
+            if m == 0:
+                prefetch_block(q, d, g, nb, b)
+            iv = dot_one(q, (g * nb + b) * 256, xq, m * K + b * 32, splat_i32(s[m, b]))
+            acc = muladd(acc, to_f32(iv), vmul(load_f16x8(d, (g * nb + b) * 8), xd[m, b]))
+        store_rows(out, m, 8 * g, acc)
+
+
 @njit(parallel=True, cache=CACHE)
 def gemv_q8_0(q, d, x, out):
     xq, xd, xn4, xs32, xs16 = quantize_act(x)
@@ -129,25 +144,17 @@ def gemv_q8_0(q, d, x, out):
     nb = K // 32
     s = block_offsets(xn4, nb, Q8_OFFSET)
     P = pair_units(M, N)
+    M4 = pass_rows(M)
     for u in prange(G - P):
         g = unit_group(u, P)
         if g < 2 * P:
             q8_0_pair(q, d, xq, xd, s, out, g, nb)
             continue
-        if M < 4:
-            for m in range(M):
-                acc = zero_f32x8()
-                for b in range(nb):
-                    if m == 0:
-                        prefetch_block(q, d, g, nb, b)
-                    iv = dot_one(q, (g * nb + b) * 256, xq, m * K + b * 32, splat_i32(s[m, b]))
-                    acc = muladd(acc, to_f32(iv), vmul(load_f16x8(d, (g * nb + b) * 8), xd[m, b]))
-                store_rows(out, m, 8 * g, acc)
-            continue
-        # 4 activation rows per pass, the last pass moved back to end at M (its overlap is recomputed, bitwise
-        # equal). Inline on purpose: as a function returning the four accumulators it ran 15-20 % slower.
-        for m in range(0, M, 4):
-            m0 = min(m, M - 4)
+        # 4 activation rows per pass over the first M4 rows (wide.pass_rows; a last pass moved back to end at M4
+        # recomputes its overlap, bitwise equal), then the rest one at a time. Inline on purpose: as a function
+        # returning the four accumulators it ran 15-20 % slower.
+        for m in range(0, M4, 4):
+            m0 = min(m, M4 - 4)
             a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
             for b in range(nb):
                 o = (g * nb + b) * 256
@@ -168,6 +175,7 @@ def gemv_q8_0(q, d, x, out):
                 a2 = muladd(a2, to_f32(i2), vmul(dw, xd[m0 + 2, b]))
                 a3 = muladd(a3, to_f32(i3), vmul(dw, xd[m0 + 3, b]))
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
+        q8_0_rows(q, d, xq, xd, s, out, g, nb, M4, M)
 
 
 @njit(parallel=True, cache=CACHE)
@@ -221,6 +229,30 @@ def q5_0_pair(qs, qh, d, xq, xd, s, out, g, nb, high):
 
 
 @njit(cache=CACHE)
+def q5_0_rows(qs, qh, w8, d, xq, xd, s, out, g, nb, high, m_start, m_end):
+    """nibble_passes' activation rows m_start..m_end - 1 one at a time over group g (the first row prefetches),
+    reading Q5_0's values from w8 where the passes unpacked them there."""
+    K = xq.shape[1]
+    for m in range(m_start, m_end):
+        acc = zero_f32x8()
+        for b in range(nb):
+            if m == 0:
+                prefetch_q5(qs, qh, d, g, nb, b, high)
+            xo = m * K + b * 32
+            a, c = zero_acc(), zero_acc()  # short accumulators: 4 dots of 5-bit weights each
+            for k in range(4):
+                if w8.size:
+                    lo, hi = load_u8x32(w8, b * 256 + 32 * k), load_u8x32(w8, b * 256 + 32 * k + 128)
+                else:
+                    lo, hi = q5_quads(qs, qh, g, nb, b, k, high)
+                a = dpbusd_acc(a, lo, load_bcast4(xq, xo + 4 * k))
+                c = dpbusd_acc(c, hi, load_bcast4(xq, xo + 16 + 4 * k))
+            iv = vadd(splat_i32(s[m, b]), vadd(acc_i32(a), acc_i32(c)))
+            acc = muladd(acc, to_f32(iv), vmul(load_f16x8(d, (g * nb + b) * 8), xd[m, b]))
+        store_rows(out, m, 8 * g, acc)
+
+
+@njit(cache=CACHE)
 def gemv_q5_0(qs, qh, d, x, out):
     nibble_passes(qs, qh, d, x, out, True)
 
@@ -239,12 +271,13 @@ def nibble_passes(qs, qh, d, x, out, high):
     nb = K // 32
     s = block_offsets(xn4, nb, 16 if high else 8)
     P = pair_units(M, out.shape[1])
+    M4 = pass_rows(M)
     for u in prange(G - P):
         g = unit_group(u, P)
         if g < 2 * P:
             q5_0_pair(qs, qh, d, xq, xd, s, out, g, nb, high)
             continue
-        if M < 4:
+        if M < 4:  # inline: as a q5_0_rows call the decode GEMV ran 5-8 % slower
             for m in range(M):
                 acc = zero_f32x8()
                 for b in range(nb):
@@ -260,25 +293,31 @@ def nibble_passes(qs, qh, d, x, out, high):
                     acc = muladd(acc, to_f32(iv), vmul(load_f16x8(d, (g * nb + b) * 8), xd[m, b]))
                 store_rows(out, m, 8 * g, acc)
             continue
-        # The group's 5-bit values unpacked to bytes once (quads k and k + 4 of block b at 256 b + 32 k and
-        # 256 b + 32 (k + 4)); every 4-row pass then reads bytes, not bits (the unpacking was per pass).
-        w8 = np.empty(nb * 256, np.uint8)
-        for b in range(nb):
+        # Q5_0's 5-bit values unpacked to bytes once (quads k and k + 4 of block b at 256 b + 32 k and
+        # 256 b + 32 (k + 4)); every 4-row pass then reads bytes, not bits. Q4_0's passes split their nibbles in
+        # place (two instructions a quad: cheaper than a round trip through the buffer).
+        w8 = np.empty(nb * 256 if high and M4 > 0 else 0, np.uint8)
+        for b in range(nb if high and M4 > 0 else 0):
             prefetch_q5(qs, qh, d, g, nb, b, high)
             for k in range(4):
                 lo, hi = q5_quads(qs, qh, g, nb, b, k, high)
                 store(w8, b * 256 + 32 * k, lo)
                 store(w8, b * 256 + 32 * k + 128, hi)
-        for m in range(0, M, 4):  # as gemv_q8_0
-            m0 = min(m, M - 4)
+        for m in range(0, M4, 4):  # as gemv_q8_0
+            m0 = min(m, M4 - 4)
             a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
             for b in range(nb):
+                if m == 0 and not high:
+                    prefetch_q5(qs, qh, d, g, nb, b, high)
                 # Short accumulators: 4 dots of 5-bit weights each (dot.ACC_TYPE).
                 i0, i1, i2, i3 = zero_acc(), zero_acc(), zero_acc(), zero_acc()
                 h0, h1, h2, h3 = zero_acc(), zero_acc(), zero_acc(), zero_acc()
                 x0 = m0 * K + b * 32
                 for k in range(4):
-                    lo, hi = load_u8x32(w8, b * 256 + 32 * k), load_u8x32(w8, b * 256 + 32 * k + 128)
+                    if high:
+                        lo, hi = load_u8x32(w8, b * 256 + 32 * k), load_u8x32(w8, b * 256 + 32 * k + 128)
+                    else:
+                        lo, hi = q5_quads(qs, qh, g, nb, b, k, high)
                     i0 = dpbusd_acc(i0, lo, load_bcast4(xq, x0 + 4 * k))
                     i1 = dpbusd_acc(i1, lo, load_bcast4(xq, x0 + K + 4 * k))
                     i2 = dpbusd_acc(i2, lo, load_bcast4(xq, x0 + 2 * K + 4 * k))
@@ -297,6 +336,7 @@ def nibble_passes(qs, qh, d, x, out, high):
                 j3 = vadd(splat_i32(s[m0 + 3, b]), vadd(acc_i32(i3), acc_i32(h3)))
                 a3 = muladd(a3, to_f32(j3), vmul(dw, xd[m0 + 3, b]))
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
+        q5_0_rows(qs, qh, w8, d, xq, xd, s, out, g, nb, high, M4, M)
 
 
 @njit(parallel=True, cache=CACHE)

@@ -18,10 +18,10 @@ from .k_bytes import store_rows, store_rows4
 from .k_kquants import q6k_group
 from .q8act import quantize_act
 from .dot import acc_i32, dpbusd7, dpbusd_acc, zero_acc
-from .wide import dpbusd16, load_bcast4x16, load_u8x64, pair_units, splat_i32x16, store16x4, unit_group
-from .simd import (CACHE, PREFETCH_AHEAD_L2, concat, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_f32x16,
-                   load_strided4, load_u8x8, load_u8x32, muladd, pair16, prefetch_l2, splat_i32, store, to_f32,
-                   u8_to_f32, vadd, vand, vmul, vshr, vsub, zero_f32x8, zero_f32x16)
+from .wide import dpbusd16, load_bcast4x16, load_u8x64, pair_units, pass_rows, splat_i32x16, store16x4, unit_group
+from .simd import (CACHE, PREFETCH_AHEAD_L2, concat, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_f32x8,
+                   load_f32x16, load_strided4, load_u8x8, load_u8x32, muladd, pair16, prefetch_l2, splat_i32, store,
+                   to_f32, u8_to_f32, vadd, vand, vmul, vshr, vsub, zero_f32x8, zero_f32x16)
 
 # From this many activation rows q4_k_pair unpacks both groups' nibbles to bytes once, not in every 4-row pass (M = 512:
 # ~8 % faster; at M = 8-16 the unpacked copy cost 5-10 %).
@@ -55,11 +55,11 @@ def prefetch_chunk(qs, sc, mn, d, dmin, o, so):
 
 
 @njit(cache=CACHE)
-def q4_k_pair(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, unpack):
-    """gemv_q4_k's 4-row passes over groups g and g + 1 at once (wide.py): the same integers, the same bits.
-    The groups' scales and mins are worked out once, not in every pass (M = 512: 5-8 % faster); with unpack (a
-    literal at each call, see UNPACK_MIN_M) so are the nibbles, as bytes."""
-    M, K = xq.shape
+def q4_k_pair(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, unpack, M4):
+    """gemv_q4_k's 4-row passes over the first M4 activation rows (wide.pass_rows) and groups g and g + 1 at once
+    (wide.py): the same integers, the same bits. The groups' scales and mins are worked out once, not in every pass
+    (M = 512: 5-8 % faster); with unpack (a literal at each call, see UNPACK_MIN_M) so are the nibbles, as bytes."""
+    K = xq.shape[1]
     scl = np.empty(ns * 512, np.float32)  # sub-block j of super-block s: pair_scales at 32 (8 s + j), mins 16 on
     for s in range(ns):
         for j in range(8):
@@ -77,8 +77,8 @@ def q4_k_pair(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, unpack):
                 w = concat(load_u8x32(qs, o + 32 * k), load_u8x32(qs, o2 + 32 * k))
                 store(w8, 128 * (8 * (4 * s + c) + k), vand(w, 15))
                 store(w8, 128 * (8 * (4 * s + c) + k) + 64, vshr(w, 4))
-    for m in range(0, M, 4):
-        m0 = min(m, M - 4)
+    for m in range(0, M4, 4):
+        m0 = min(m, M4 - 4)
         a0, a1, a2, a3 = zero_f32x16(), zero_f32x16(), zero_f32x16(), zero_f32x16()
         for s in range(ns):
             for c in range(4):
@@ -131,6 +131,37 @@ def pair_scales(sc, mn, d, dmin, g, ns, s, j):
     return concat(sa, sb), concat(ma, mb)
 
 
+@njit(cache=CACHE)
+def q4_k_rows(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, m_start, m_end):
+    """gemv_q4_k's activation rows m_start..m_end - 1 one at a time over group g (the first row prefetches)."""
+    K = xq.shape[1]
+    for m in range(m_start, m_end):
+        acc = zero_f32x8()
+        for s in range(ns):
+            for c in range(4):
+                o = (g * ns + s) * 1024 + 256 * c
+                if m == 0:
+                    prefetch_chunk(qs, sc, mn, d, dmin, o, (g * ns + s) * 64 + c * 16)
+                xo = m * K + s * 256 + 64 * c
+                ia, ib, ja_, jb = zero_acc(), zero_acc(), zero_acc(), zero_acc()
+                for k in range(0, 8, 2):  # four chains: vpdpbusd's latency
+                    w = load_u8x32(qs, o + 32 * k)
+                    ia = dpbusd_acc(ia, vand(w, 15), load_bcast4(xq, xo + 4 * k))
+                    ib = dpbusd_acc(ib, vshr(w, 4), load_bcast4(xq, xo + 32 + 4 * k))
+                    w = load_u8x32(qs, o + 32 * k + 32)
+                    ja_ = dpbusd_acc(ja_, vand(w, 15), load_bcast4(xq, xo + 4 * k + 4))
+                    jb = dpbusd_acc(jb, vshr(w, 4), load_bcast4(xq, xo + 36 + 4 * k))
+                ia, ib = vadd(acc_i32(ia), acc_i32(ja_)), vadd(acc_i32(ib), acc_i32(jb))
+                ja = s * 8 + 2 * c
+                sa, ma = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c)
+                sb, mb = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c + 1)
+                acc = muladd(acc, to_f32(ia), vmul(sa, xd[m, ja]))
+                acc = muladd(acc, to_f32(ib), vmul(sb, xd[m, ja + 1]))
+                acc = vsub(acc, vmul(ma, xs32[m, ja]))
+                acc = vsub(acc, vmul(mb, xs32[m, ja + 1]))
+        store_rows(out, m, 8 * g, acc)
+
+
 @njit(parallel=True, cache=CACHE)
 def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
     xq, xd, xn4, xs32, xs16 = quantize_act(x)
@@ -138,15 +169,18 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
     G = qs.shape[0]
     ns = K // 256
     P = pair_units(M, out.shape[1])
+    M4 = pass_rows(M)
     for u in prange(G - P):
         g = unit_group(u, P)
         if g < 2 * P:
             if M >= UNPACK_MIN_M:  # literal flags: each call compiles its own variant, no branch left inside
-                q4_k_pair(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, True)
+                q4_k_pair(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, True, M4)
             else:
-                q4_k_pair(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, False)
+                q4_k_pair(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, False, M4)
+            q4_k_rows(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, M4, M)
+            q4_k_rows(qs, sc, mn, d, dmin, xq, xd, xs32, out, g + 1, ns, M4, M)
             continue
-        if M < 4:
+        if M < 4:  # inline: as a q4_k_rows call the decode GEMV ran 2-5 % slower
             for m in range(M):
                 acc = zero_f32x8()
                 for s in range(ns):
@@ -173,9 +207,9 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
                         acc = vsub(acc, vmul(mb, xs32[m, ja + 1]))
                 store_rows(out, m, 8 * g, acc)
             continue
-        # 4 activation rows per pass, the last pass moved back to end at M (inline: see k_bytes.gemv_q8_0)
-        for m in range(0, M, 4):
-            m0 = min(m, M - 4)
+        # 4 activation rows per pass over the first M4 rows (inline: see k_bytes.gemv_q8_0), then the rest alone
+        for m in range(0, M4, 4):
+            m0 = min(m, M4 - 4)
             a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
             for s in range(ns):
                 for c in range(4):
@@ -213,6 +247,7 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
                     a3 = muladd(a3, to_f32(acc_i32(h3)), vmul(sb, xd[m0 + 3, ja + 1]))
                     a3 = vsub(vsub(a3, vmul(ma, xs32[m0 + 3, ja])), vmul(mb, xs32[m0 + 3, ja + 1]))
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
+        q4_k_rows(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, M4, M)
 
 
 @njit(parallel=True, cache=CACHE)
@@ -326,6 +361,40 @@ def q6_k_pair(ql, qh, sc, d, xq, xd, o16, out, g, ns):
         store16x4(out, m0, 8 * g, a0, a1, a2, a3)
 
 
+@njit(cache=CACHE)
+def q6_unpack(ql, qh, sc, d, w8, scl, g, ns, s):
+    """Super-block s of group g as gemv_q6_k's passes read it: its 6-bit values as bytes in w8 (2 KB; q6k_group t of
+    quad k of half h at 32 (8 (4 h + t) + k)) and d * sc of its 16-groups j in scl (8 j), prefetching ahead."""
+    for h in range(2):
+        o = (2 * (g * ns + s) + h) * 512
+        oh = (2 * (g * ns + s) + h) * 256
+        prefetch_half(ql, qh, sc, o, oh, (g * ns + s) * 128)
+        for k in range(8):
+            a = load_u8x32(ql, o + 64 * k)
+            b = load_u8x32(ql, o + 64 * k + 32)
+            hv = load_u8x32(qh, oh + 32 * k)
+            for t in range(4):
+                store(w8, 32 * (8 * (4 * h + t) + k), q6k_group(a, b, hv, t))
+    for j in range(16):
+        store(scl, 8 * j, q6_scale(sc, d, g, ns, s, j))
+
+
+@njit(cache=CACHE)
+def q6_row_block(w8, scl, xq, xd, o16, m, s, acc):
+    """acc plus activation row m's dots with super-block s unpacked by q6_unpack, in a single row's order."""
+    K = xq.shape[1]
+    for h in range(2):
+        for half in range(2):
+            e = s * 256 + h * 128 + 16 * half
+            for t in range(4):
+                c = splat_i32(o16[m, e // 16 + 2 * t])
+                xo = m * K + e - 16 * half + 32 * t  # the activations of quad k at xo + 4 k
+                for k in range(4 * half, 4 * half + 4):
+                    c = dpbusd7(c, load_u8x32(w8, 32 * (8 * (4 * h + t) + k)), load_bcast4(xq, xo + 4 * k))
+                acc = muladd(acc, to_f32(c), vmul(load_f32x8(scl, 8 * (8 * h + half + 2 * t)), xd[m, e // 32 + t]))
+    return acc
+
+
 @njit(parallel=True, cache=CACHE)
 def gemv_q6_k(ql, qh, sc, d, x, out):
     xq, xd, xn4, xs32, xs16 = quantize_act(x)
@@ -367,47 +436,52 @@ def gemv_q6_k(ql, qh, sc, d, x, out):
                             acc = muladd(acc, to_f32(i3), vmul(q6_scale(sc, d, g, ns, s, jl + 6), xd[m, e // 32 + 3]))
                 store_rows(out, m, 8 * g, acc)
             continue
-        # The group's 6-bit values unpacked to bytes once (q6k_group t of quad k of half h of super-block s at
-        # 32 (8 (4 (2 s + h) + t) + k)): the 4-row passes then read bytes instead of combining ql and qh each time.
-        w8 = np.empty(ns * 2048, np.uint8)
+        # Super-block by super-block: q6_unpack's bytes and scales (2.5 KB, L1-resident), then every 4-row pass over
+        # the first M4 rows (wide.pass_rows) and the rest one at a time. The accumulators wait in acc between
+        # super-blocks (pass p's rows at slots 4 p.., then the single rows), so each row sums in a single row's order.
+        M4 = pass_rows(M)
+        P4 = (M4 + 3) // 4
+        acc = np.zeros((4 * P4 + M - M4) * 8, np.float32)
+        w8, scl = np.empty(2048, np.uint8), np.empty(128, np.float32)
         for s in range(ns):
-            for h in range(2):
-                o = (2 * (g * ns + s) + h) * 512
-                oh = (2 * (g * ns + s) + h) * 256
-                prefetch_half(ql, qh, sc, o, oh, (g * ns + s) * 128)
-                for k in range(8):
-                    a = load_u8x32(ql, o + 64 * k)
-                    b = load_u8x32(ql, o + 64 * k + 32)
-                    hv = load_u8x32(qh, oh + 32 * k)
-                    for t in range(4):
-                        store(w8, 32 * (8 * (4 * (2 * s + h) + t) + k), q6k_group(a, b, hv, t))
-        # 4 activation rows per pass, the last pass moved back to end at M (inline: see k_bytes.gemv_q8_0)
-        for m in range(0, M, 4):
-            m0 = min(m, M - 4)
-            a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
-            for s in range(ns):
+            q6_unpack(ql, qh, sc, d, w8, scl, g, ns, s)
+            for p in range(P4):  # inline: see k_bytes.gemv_q8_0
+                m0 = min(4 * p, M4 - 4)
+                a0, a1 = load_f32x8(acc, 32 * p), load_f32x8(acc, 32 * p + 8)
+                a2, a3 = load_f32x8(acc, 32 * p + 16), load_f32x8(acc, 32 * p + 24)
                 for h in range(2):
                     for half in range(2):
                         e = s * 256 + h * 128 + 16 * half
                         j0 = e // 16
-                        jl = 8 * h + half
                         for t in range(4):  # one 16-group of each row per pass: 4 chains, 4 activation rows
                             c0, c1 = splat_i32(o16[m0, j0 + 2 * t]), splat_i32(o16[m0 + 1, j0 + 2 * t])
                             c2, c3 = splat_i32(o16[m0 + 2, j0 + 2 * t]), splat_i32(o16[m0 + 3, j0 + 2 * t])
                             for k in range(4 * half, 4 * half + 4):
-                                v = load_u8x32(w8, 32 * (8 * (4 * (2 * s + h) + t) + k))
+                                v = load_u8x32(w8, 32 * (8 * (4 * h + t) + k))
                                 xo = m0 * K + s * 256 + h * 128 + 32 * t + 4 * k
                                 c0 = dpbusd7(c0, v, load_bcast4(xq, xo))
                                 c1 = dpbusd7(c1, v, load_bcast4(xq, xo + K))
                                 c2 = dpbusd7(c2, v, load_bcast4(xq, xo + 2 * K))
                                 c3 = dpbusd7(c3, v, load_bcast4(xq, xo + 3 * K))
-                            sj = q6_scale(sc, d, g, ns, s, jl + 2 * t)
+                            sj = load_f32x8(scl, 8 * (8 * h + half + 2 * t))
                             b32 = e // 32 + t
                             a0 = muladd(a0, to_f32(c0), vmul(sj, xd[m0, b32]))
                             a1 = muladd(a1, to_f32(c1), vmul(sj, xd[m0 + 1, b32]))
                             a2 = muladd(a2, to_f32(c2), vmul(sj, xd[m0 + 2, b32]))
                             a3 = muladd(a3, to_f32(c3), vmul(sj, xd[m0 + 3, b32]))
-            store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
+                store(acc, 32 * p, a0)
+                store(acc, 32 * p + 8, a1)
+                store(acc, 32 * p + 16, a2)
+                store(acc, 32 * p + 24, a3)
+            for m in range(M4, M):
+                o = 8 * (4 * P4 + m - M4)
+                store(acc, o, q6_row_block(w8, scl, xq, xd, o16, m, s, load_f32x8(acc, o)))
+        for p in range(P4):
+            m0 = min(4 * p, M4 - 4)
+            store_rows4(out, m0, 8 * g, load_f32x8(acc, 32 * p), load_f32x8(acc, 32 * p + 8),
+                        load_f32x8(acc, 32 * p + 16), load_f32x8(acc, 32 * p + 24))
+        for m in range(M4, M):
+            store_rows(out, m, 8 * g, load_f32x8(acc, 8 * (4 * P4 + m - M4)))
 
 
 @njit(parallel=True, cache=CACHE)

@@ -98,6 +98,15 @@ def pair_units(M, N):
 
 
 @njit(cache=CACHE)
+def pass_rows(M):
+    """How many of M activation rows the 4-row passes cover (0 below 4 rows). One or two rows past whole passes run
+    one at a time over the group's weights, which the passes left in cache (M = 5: 4 + 1 rows' work, not the 8 of a
+    second pass moved back to end at M); three run as that moved-back pass, which costs about as much."""
+    r = M % 4
+    return 0 if M < 4 else (M if r == 3 else M - r)
+
+
+@njit(cache=CACHE)
 def unit_group(u, P):
     """The first group of work unit u (P pairs, then single groups)."""
     u = np.int64(u)  # a uint64 prange index mixed with int64 would type as float

@@ -226,10 +226,12 @@ def test_batch_invariant_rows_equal_single_row(case):
     t, cases = case
     for N, K, w, raw, deq in cases:
         lin = QuantLinear.from_raw(t, raw, (N, K))
-        x = np.random.default_rng(1).standard_normal((11, K)).astype(np.float32)  # 4-row passes and a short one
-        got = lin.matmul(x, batch_invariant=True)
-        for i in range(x.shape[0]):
-            np.testing.assert_array_equal(got[i], lin.matmul(x[i:i + 1])[0])
+        # 4-row passes with one or two rows left alone (5, 6) and with a pass moved back to end at M (11)
+        for M in (5, 6, 11):
+            x = np.random.default_rng(M).standard_normal((M, K)).astype(np.float32)
+            got = lin.matmul(x, batch_invariant=True)
+            for i in range(x.shape[0]):
+                np.testing.assert_array_equal(got[i], lin.matmul(x[i:i + 1])[0])
         np.testing.assert_array_equal(lin.matmul(x[0]), got[0])  # 1-D x -> 1-D result
 
 
