@@ -28,8 +28,8 @@ from .dot import Q8_OFFSET, acc_i32, dpbusd_acc, dpbusd_q8, zero_acc
 from .simd import (CACHE, PREFETCH_AHEAD, bits_to_bytes, concat, f16_to_f32, i8_to_f32, lane, load_bcast4, load_f16x8,
                    load_strided4, load_strided4x4, load_u8x32, muladd, prefetch, splat_i32, store, to_f32, vadd, vand,
                    vmul, vor, vshl, vshr, vsub, zero_f32x8, zero_f32x16)
-from .wide import (byte_pair_passes, dpbusd16, load_bcast4x16, pair_units, pass_rows, splat_i32x16, store16x4,
-                   unit_group)
+from .wide import (byte_pair_passes, dpbusd16, load_bcast4x16, pair_units, pass_rows, rows_back, splat_i32x16,
+                   store16x4, three_as_four, unit_group)
 
 
 @njit(cache=CACHE)
@@ -137,7 +137,8 @@ def q8_0_rows(q, d, xq, xd, s, out, g, nb, m_start, m_end):
 
 
 @njit(parallel=True, cache=CACHE)
-def gemv_q8_0(q, d, x, out):
+def gemv_q8_0(q, d, x, out_):
+    x, out = three_as_four(x, out_, True)
     xq, xd, xn4, xs32, xs16 = quantize_act(x)
     M, K = x.shape
     G, N = q.shape[0], out.shape[1]
@@ -176,6 +177,7 @@ def gemv_q8_0(q, d, x, out):
                 a3 = muladd(a3, to_f32(i3), vmul(dw, xd[m0 + 3, b]))
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
         q8_0_rows(q, d, xq, xd, s, out, g, nb, M4, M)
+    rows_back(out_, out)
 
 
 @njit(parallel=True, cache=CACHE)
@@ -263,8 +265,9 @@ def gemv_q4_0(qs, d, x, out):
 
 
 @njit(parallel=True, cache=CACHE)
-def nibble_passes(qs, qh, d, x, out, high):
+def nibble_passes(qs, qh, d, x_, out_, high):
     """Q5_0's GEMV (high: qh holds the fifth bits) or Q4_0's (not high: qh unused)."""
+    x, out = three_as_four(x_, out_, not high)
     xq, xd, xn4, xs32, xs16 = quantize_act(x)
     M, K = x.shape
     G = qs.shape[0]
@@ -337,6 +340,7 @@ def nibble_passes(qs, qh, d, x, out, high):
                 a3 = muladd(a3, to_f32(j3), vmul(dw, xd[m0 + 3, b]))
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
         q5_0_rows(qs, qh, w8, d, xq, xd, s, out, g, nb, high, M4, M)
+    rows_back(out_, out)
 
 
 @njit(parallel=True, cache=CACHE)

@@ -18,7 +18,8 @@ from .k_bytes import store_rows, store_rows4
 from .k_kquants import q6k_group
 from .q8act import quantize_act
 from .dot import acc_i32, dpbusd7, dpbusd_acc, zero_acc
-from .wide import dpbusd16, load_bcast4x16, load_u8x64, pair_units, pass_rows, splat_i32x16, store16x4, unit_group
+from .wide import (dpbusd16, load_bcast4x16, load_u8x64, pair_units, pass_rows, rows_back, splat_i32x16,
+                   store16x4, three_as_four, unit_group)
 from .simd import (CACHE, PREFETCH_AHEAD_L2, concat, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_f32x8,
                    load_f32x16, load_strided4, load_u8x8, load_u8x32, muladd, pair16, prefetch_l2, splat_i32, store,
                    to_f32, u8_to_f32, vadd, vand, vmul, vshr, vsub, zero_f32x8, zero_f32x16)
@@ -163,7 +164,8 @@ def q4_k_rows(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, m_start, m_end):
 
 
 @njit(parallel=True, cache=CACHE)
-def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
+def gemv_q4_k(qs, sc, mn, d, dmin, x, out_):
+    x, out = three_as_four(x, out_, True)
     xq, xd, xn4, xs32, xs16 = quantize_act(x)
     M, K = x.shape
     G = qs.shape[0]
@@ -248,6 +250,7 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out):
                     a3 = vsub(vsub(a3, vmul(ma, xs32[m0 + 3, ja])), vmul(mb, xs32[m0 + 3, ja + 1]))
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
         q4_k_rows(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, M4, M)
+    rows_back(out_, out)
 
 
 @njit(parallel=True, cache=CACHE)

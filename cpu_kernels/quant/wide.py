@@ -103,7 +103,27 @@ def pass_rows(M):
     one at a time over the group's weights, which the passes left in cache (M = 5: 4 + 1 rows' work, not the 8 of a
     second pass moved back to end at M); three run as that moved-back pass, which costs about as much."""
     r = M % 4
-    return 0 if M < 4 else (M if r == 3 else M - r)
+    return 0 if M < 4 else (M if r == 3 else M - r)  # 3 rows: see three_as_four
+
+
+@njit(cache=CACHE)
+def three_as_four(x, out, pad):
+    """(x, out) as a GEMV's passes take them: with pad, 3 activation rows become 4 (the third repeated) with an
+    output of 4 rows, since one 4-row pass costs less than three rows alone where the passes read their weights in
+    place; any other M as they are. rows_back copies the 3 rows into out afterwards."""
+    if not pad or x.shape[0] != 3:
+        return x, out
+    xp = np.empty((4, x.shape[1]), np.float32)
+    xp[:3] = x
+    xp[3] = x[2]
+    return xp, np.empty((4, out.shape[1]), np.float32)
+
+
+@njit(cache=CACHE)
+def rows_back(out, op):
+    """out = op's first rows, where three_as_four gave op rows of its own."""
+    if op.shape[0] != out.shape[0]:
+        out[:] = op[:out.shape[0]]
 
 
 @njit(cache=CACHE)

@@ -226,8 +226,9 @@ def test_batch_invariant_rows_equal_single_row(case):
     t, cases = case
     for N, K, w, raw, deq in cases:
         lin = QuantLinear.from_raw(t, raw, (N, K))
-        # 4-row passes with one or two rows left alone (5, 6) and with a pass moved back to end at M (11)
-        for M in (5, 6, 11):
+        # 3 rows as one padded 4-row pass, 4-row passes with one or two rows left alone (5, 6) and with a pass moved
+        # back to end at M (11)
+        for M in (3, 5, 6, 11):
             x = np.random.default_rng(M).standard_normal((M, K)).astype(np.float32)
             got = lin.matmul(x, batch_invariant=True)
             for i in range(x.shape[0]):
