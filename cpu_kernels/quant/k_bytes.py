@@ -92,12 +92,13 @@ def store_rows4(out, m0, n0, a0, a1, a2, a3):
 
 
 @njit(cache=CACHE)
-def q8_0_pair(q, d, xq, xd, s, out, g, nb):
-    """gemv_q8_0's 4-row passes over groups g and g + 1 at once (wide.py): the same integers, the same bits.
-    PAIR hosts only: s holds the offsets of Q8_OFFSET = 128, which dpbusd16 (an exact dot) needs."""
-    M, K = xq.shape
-    for m in range(0, M, 4):
-        m0 = min(m, M - 4)
+def q8_0_pair(q, d, xq, xd, s, out, g, nb, M4):
+    """gemv_q8_0's 4-row passes over the first M4 activation rows (wide.pass_rows) and groups g and g + 1 at once
+    (wide.py): the same integers, the same bits. PAIR hosts only: s holds the offsets of Q8_OFFSET = 128, which
+    dpbusd16 (an exact dot) needs."""
+    K = xq.shape[1]
+    for m in range(0, M4, 4):
+        m0 = min(m, M4 - 4)
         a0, a1, a2, a3 = zero_f32x16(), zero_f32x16(), zero_f32x16(), zero_f32x16()
         for b in range(nb):
             o = (g * nb + b) * 256
@@ -122,20 +123,6 @@ def q8_0_pair(q, d, xq, xd, s, out, g, nb):
         store16x4(out, m0, 8 * g, a0, a1, a2, a3)
 
 
-@njit(cache=CACHE)
-def q8_0_rows(q, d, xq, xd, s, out, g, nb, m_start, m_end):
-    """gemv_q8_0's activation rows m_start..m_end - 1 one at a time over group g (the first row prefetches)."""
-    K = xq.shape[1]
-    for m in range(m_start, m_end):
-        acc = zero_f32x8()
-        for b in range(nb):
-            if m == 0:
-                prefetch_block(q, d, g, nb, b)
-            iv = dot_one(q, (g * nb + b) * 256, xq, m * K + b * 32, splat_i32(s[m, b]))
-            acc = muladd(acc, to_f32(iv), vmul(load_f16x8(d, (g * nb + b) * 8), xd[m, b]))
-        store_rows(out, m, 8 * g, acc)
-
-
 @njit(parallel=True, cache=CACHE)
 def gemv_q8_0(q, d, x, out_):
     x, out = three_as_four(x, out_, True)
@@ -149,22 +136,11 @@ def gemv_q8_0(q, d, x, out_):
     for u in prange(G - P):
         g = unit_group(u, P)
         if g < 2 * P:
-            q8_0_pair(q, d, xq, xd, s, out, g, nb)
-            continue
-        if M < 4:  # inline: as a q8_0_rows call gemma-3-270m's decode ran 3-4 % slower
-            for m in range(M):
-                acc = zero_f32x8()
-                for b in range(nb):
-                    if m == 0:
-                        prefetch_block(q, d, g, nb, b)
-                    iv = dot_one(q, (g * nb + b) * 256, xq, m * K + b * 32, splat_i32(s[m, b]))
-                    acc = muladd(acc, to_f32(iv), vmul(load_f16x8(d, (g * nb + b) * 8), xd[m, b]))
-                store_rows(out, m, 8 * g, acc)
-            continue
+            q8_0_pair(q, d, xq, xd, s, out, g, nb, M4)
         # 4 activation rows per pass over the first M4 rows (wide.pass_rows; a last pass moved back to end at M4
-        # recomputes its overlap, bitwise equal), then the rest one at a time. Inline on purpose: as a function
-        # returning the four accumulators it ran 15-20 % slower.
-        for m in range(0, M4, 4):
+        # recomputes its overlap, bitwise equal). Inline on purpose: as a function returning the four accumulators
+        # it ran 15-20 % slower.
+        for m in range(0, M4 if g >= 2 * P else 0, 4):
             m0 = min(m, M4 - 4)
             a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
             for b in range(nb):
@@ -186,7 +162,17 @@ def gemv_q8_0(q, d, x, out_):
                 a2 = muladd(a2, to_f32(i2), vmul(dw, xd[m0 + 2, b]))
                 a3 = muladd(a3, to_f32(i3), vmul(dw, xd[m0 + 3, b]))
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
-        q8_0_rows(q, d, xq, xd, s, out, g, nb, M4, M)
+        # The rows past the passes (every row below 4) one at a time over each group of the unit, whose weights the
+        # passes left in cache. Inline: as a function call gemma-3-270m's decode ran 3-4 % slower.
+        for g1 in range(g, g + (2 if g < 2 * P else 1)):
+            for m in range(M4, M):
+                acc = zero_f32x8()
+                for b in range(nb):
+                    if m == 0:
+                        prefetch_block(q, d, g1, nb, b)
+                    iv = dot_one(q, (g1 * nb + b) * 256, xq, m * K + b * 32, splat_i32(s[m, b]))
+                    acc = muladd(acc, to_f32(iv), vmul(load_f16x8(d, (g1 * nb + b) * 8), xd[m, b]))
+                store_rows(out, m, 8 * g1, acc)
     rows_back(out_, out)
 
 

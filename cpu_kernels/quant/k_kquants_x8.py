@@ -132,37 +132,6 @@ def pair_scales(sc, mn, d, dmin, g, ns, s, j):
     return concat(sa, sb), concat(ma, mb)
 
 
-@njit(cache=CACHE)
-def q4_k_rows(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, m_start, m_end):
-    """gemv_q4_k's activation rows m_start..m_end - 1 one at a time over group g (the first row prefetches)."""
-    K = xq.shape[1]
-    for m in range(m_start, m_end):
-        acc = zero_f32x8()
-        for s in range(ns):
-            for c in range(4):
-                o = (g * ns + s) * 1024 + 256 * c
-                if m == 0:
-                    prefetch_chunk(qs, sc, mn, d, dmin, o, (g * ns + s) * 64 + c * 16)
-                xo = m * K + s * 256 + 64 * c
-                ia, ib, ja_, jb = zero_acc(), zero_acc(), zero_acc(), zero_acc()
-                for k in range(0, 8, 2):  # four chains: vpdpbusd's latency
-                    w = load_u8x32(qs, o + 32 * k)
-                    ia = dpbusd_acc(ia, vand(w, 15), load_bcast4(xq, xo + 4 * k))
-                    ib = dpbusd_acc(ib, vshr(w, 4), load_bcast4(xq, xo + 32 + 4 * k))
-                    w = load_u8x32(qs, o + 32 * k + 32)
-                    ja_ = dpbusd_acc(ja_, vand(w, 15), load_bcast4(xq, xo + 4 * k + 4))
-                    jb = dpbusd_acc(jb, vshr(w, 4), load_bcast4(xq, xo + 36 + 4 * k))
-                ia, ib = vadd(acc_i32(ia), acc_i32(ja_)), vadd(acc_i32(ib), acc_i32(jb))
-                ja = s * 8 + 2 * c
-                sa, ma = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c)
-                sb, mb = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c + 1)
-                acc = muladd(acc, to_f32(ia), vmul(sa, xd[m, ja]))
-                acc = muladd(acc, to_f32(ib), vmul(sb, xd[m, ja + 1]))
-                acc = vsub(acc, vmul(ma, xs32[m, ja]))
-                acc = vsub(acc, vmul(mb, xs32[m, ja + 1]))
-        store_rows(out, m, 8 * g, acc)
-
-
 @njit(parallel=True, cache=CACHE)
 def gemv_q4_k(qs, sc, mn, d, dmin, x, out_):
     x, out = three_as_four(x, out_, True)
@@ -179,38 +148,8 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out_):
                 q4_k_pair(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, True, M4)
             else:
                 q4_k_pair(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, False, M4)
-            q4_k_rows(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, M4, M)
-            q4_k_rows(qs, sc, mn, d, dmin, xq, xd, xs32, out, g + 1, ns, M4, M)
-            continue
-        if M < 4:  # inline: as a q4_k_rows call the decode GEMV ran 2-5 % slower
-            for m in range(M):
-                acc = zero_f32x8()
-                for s in range(ns):
-                    for c in range(4):
-                        o = (g * ns + s) * 1024 + 256 * c
-                        if m == 0:
-                            prefetch_chunk(qs, sc, mn, d, dmin, o, (g * ns + s) * 64 + c * 16)
-                        xo = m * K + s * 256 + 64 * c
-                        ia, ib, ja_, jb = zero_acc(), zero_acc(), zero_acc(), zero_acc()
-                        for k in range(0, 8, 2):  # four chains: vpdpbusd's latency
-                            w = load_u8x32(qs, o + 32 * k)
-                            ia = dpbusd_acc(ia, vand(w, 15), load_bcast4(xq, xo + 4 * k))
-                            ib = dpbusd_acc(ib, vshr(w, 4), load_bcast4(xq, xo + 32 + 4 * k))
-                            w = load_u8x32(qs, o + 32 * k + 32)
-                            ja_ = dpbusd_acc(ja_, vand(w, 15), load_bcast4(xq, xo + 4 * k + 4))
-                            jb = dpbusd_acc(jb, vshr(w, 4), load_bcast4(xq, xo + 36 + 4 * k))
-                        ia, ib = vadd(acc_i32(ia), acc_i32(ja_)), vadd(acc_i32(ib), acc_i32(jb))
-                        ja = s * 8 + 2 * c
-                        sa, ma = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c)
-                        sb, mb = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c + 1)
-                        acc = muladd(acc, to_f32(ia), vmul(sa, xd[m, ja]))
-                        acc = muladd(acc, to_f32(ib), vmul(sb, xd[m, ja + 1]))
-                        acc = vsub(acc, vmul(ma, xs32[m, ja]))
-                        acc = vsub(acc, vmul(mb, xs32[m, ja + 1]))
-                store_rows(out, m, 8 * g, acc)
-            continue
-        # 4 activation rows per pass over the first M4 rows (inline: see k_bytes.gemv_q8_0), then the rest alone
-        for m in range(0, M4, 4):
+        # 4 activation rows per pass over the first M4 rows (inline: see k_bytes.gemv_q8_0)
+        for m in range(0, M4 if g >= 2 * P else 0, 4):
             m0 = min(m, M4 - 4)
             a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
             for s in range(ns):
@@ -249,7 +188,34 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out_):
                     a3 = muladd(a3, to_f32(acc_i32(h3)), vmul(sb, xd[m0 + 3, ja + 1]))
                     a3 = vsub(vsub(a3, vmul(ma, xs32[m0 + 3, ja])), vmul(mb, xs32[m0 + 3, ja + 1]))
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
-        q4_k_rows(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, M4, M)
+        # The rows past the passes (every row below 4) one at a time over each group of the unit, whose weights the
+        # passes left in cache. Inline: as a function call the decode GEMV ran 2-5 % slower.
+        for g1 in range(g, g + (2 if g < 2 * P else 1)):
+            for m in range(M4, M):
+                acc = zero_f32x8()
+                for s in range(ns):
+                    for c in range(4):
+                        o = (g1 * ns + s) * 1024 + 256 * c
+                        if m == 0:
+                            prefetch_chunk(qs, sc, mn, d, dmin, o, (g1 * ns + s) * 64 + c * 16)
+                        xo = m * K + s * 256 + 64 * c
+                        ia, ib, ja_, jb = zero_acc(), zero_acc(), zero_acc(), zero_acc()
+                        for k in range(0, 8, 2):  # four chains: vpdpbusd's latency
+                            w = load_u8x32(qs, o + 32 * k)
+                            ia = dpbusd_acc(ia, vand(w, 15), load_bcast4(xq, xo + 4 * k))
+                            ib = dpbusd_acc(ib, vshr(w, 4), load_bcast4(xq, xo + 32 + 4 * k))
+                            w = load_u8x32(qs, o + 32 * k + 32)
+                            ja_ = dpbusd_acc(ja_, vand(w, 15), load_bcast4(xq, xo + 4 * k + 4))
+                            jb = dpbusd_acc(jb, vshr(w, 4), load_bcast4(xq, xo + 36 + 4 * k))
+                        ia, ib = vadd(acc_i32(ia), acc_i32(ja_)), vadd(acc_i32(ib), acc_i32(jb))
+                        ja = s * 8 + 2 * c
+                        sa, ma = group_scales(sc, mn, d, dmin, g1, ns, s, 2 * c)
+                        sb, mb = group_scales(sc, mn, d, dmin, g1, ns, s, 2 * c + 1)
+                        acc = muladd(acc, to_f32(ia), vmul(sa, xd[m, ja]))
+                        acc = muladd(acc, to_f32(ib), vmul(sb, xd[m, ja + 1]))
+                        acc = vsub(acc, vmul(ma, xs32[m, ja]))
+                        acc = vsub(acc, vmul(mb, xs32[m, ja + 1]))
+                store_rows(out, m, 8 * g1, acc)
     rows_back(out_, out)
 
 
