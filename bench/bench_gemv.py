@@ -3,6 +3,7 @@
     python bench/bench_gemv.py                        # every format at 4096 x 4096, Q8_0 at 262144 x 640
     python bench/bench_gemv.py --formats Q8_0 Q4_K --reps 30 --json bench/results/gemv.json
     python bench/bench_gemv.py --threads 1        # one core for both (steadier on a shared machine)
+    python bench/bench_gemv.py --formats Q4_K Q6_K --rows 1,3,4,5,8   # a speculative check's / a small batch's rows
 
 Prints one line per (format, shape): median and best us/call, GB/s of GGUF weight bytes at the
 median, and the numpy float32 GEMV time measured alternately with it (the machine is shared, so
@@ -44,11 +45,11 @@ def timed(fn, n):
     return ts
 
 
-def bench(t, N, K, reps, with_numpy=True):
+def bench(t, N, K, reps, with_numpy=True, rows=1):
     raw = tiled_raw(t, N, K)
     lin = QuantLinear.from_raw(t, raw, (N, K))
-    x = np.random.default_rng(1).standard_normal((1, K)).astype(np.float32)
-    out = np.empty((1, N), np.float32)
+    x = np.random.default_rng(1).standard_normal((rows, K)).astype(np.float32)
+    out = np.empty((rows, N), np.float32)
     lin.matmul(x, out=out)
     wf = np.random.default_rng(2).standard_normal((N, K)).astype(np.float32) if with_numpy else None
     tk, tn = [], []
@@ -59,7 +60,7 @@ def bench(t, N, K, reps, with_numpy=True):
         if with_numpy:
             tn += timed(lambda: x @ wf.T, 5)[1:]
     med = float(np.median(tk))
-    res = {"format": t.name, "N": N, "K": K, "us": med * 1e6, "best_us": min(tk) * 1e6,
+    res = {"format": t.name, "N": N, "K": K, "rows": rows, "us": med * 1e6, "best_us": min(tk) * 1e6,
            "gguf_bytes": raw.nbytes, "repacked_bytes": lin.nbytes, "GB_s": raw.nbytes / med / 1e9}
     if with_numpy:
         res["numpy_f32_us"] = float(np.median(tn)) * 1e6
@@ -73,6 +74,7 @@ def main():
     ap.add_argument("--size", type=int, default=4096, help="N = K of the square case")
     ap.add_argument("--no-output-shape", action="store_true", help="skip the 262144 x 640 Q8_0 case")
     ap.add_argument("--threads", type=int, default=None, help="threads for the kernels and numpy (default: all)")
+    ap.add_argument("--rows", default="1", help="activation rows per call, comma-separated (numpy's GEMV: rows = 1)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     configure_threads()
@@ -82,12 +84,13 @@ def main():
         cases.append((Q.Q8_0, 262144, 640))
     results = []
     for t, N, K in cases:
-        r = bench(t, N, K, args.reps, with_numpy=N * K <= 64 * 2**20)
-        results.append(r)
-        np_part = f"  numpy f32 {r['numpy_f32_us']:8.0f} us ({r['numpy_f32_us'] / r['us']:4.1f}x)" \
-            if "numpy_f32_us" in r else ""
-        print(f"{r['format']:5s} {N:6d}x{K:<5d} {r['us']:8.0f} us (best {r['best_us']:6.0f})"
-              f" {r['GB_s']:6.1f} GB/s{np_part}", flush=True)
+        for rows in (int(m) for m in args.rows.split(",")):
+            r = bench(t, N, K, args.reps, with_numpy=rows == 1 and N * K <= 64 * 2**20, rows=rows)
+            results.append(r)
+            np_part = f"  numpy f32 {r['numpy_f32_us']:8.0f} us ({r['numpy_f32_us'] / r['us']:4.1f}x)" \
+                if "numpy_f32_us" in r else ""
+            print(f"{r['format']:5s} {N:6d}x{K:<5d} rows {rows:2d} {r['us']:8.0f} us (best {r['best_us']:6.0f})"
+                  f" {r['GB_s']:6.1f} GB/s{np_part}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
