@@ -228,18 +228,16 @@ def q5_0_pair(qs, qh, d, xq, xd, s, out, g, nb, high):
 
 @njit(cache=CACHE)
 def q5_0_rows(qs, qh, w8, d, xq, xd, s, out, g, nb, high, m_start, m_end):
-    """nibble_passes' activation rows m_start..m_end - 1 one at a time over group g (the first row prefetches),
-    reading Q5_0's values from w8 where the passes unpacked them there."""
+    """nibble_passes' activation rows m_start..m_end - 1 past its 4-row passes, one at a time over group g, reading
+    Q5_0's values from the bytes w8 the passes unpacked (high) and Q4_0's nibbles in place."""
     K = xq.shape[1]
     for m in range(m_start, m_end):
         acc = zero_f32x8()
         for b in range(nb):
-            if m == 0:
-                prefetch_q5(qs, qh, d, g, nb, b, high)
             xo = m * K + b * 32
             a, c = zero_acc(), zero_acc()  # short accumulators: 4 dots of 5-bit weights each
             for k in range(4):
-                if w8.size:
+                if high:
                     lo, hi = load_u8x32(w8, b * 256 + 32 * k), load_u8x32(w8, b * 256 + 32 * k + 128)
                 else:
                     lo, hi = q5_quads(qs, qh, g, nb, b, k, high)
@@ -295,8 +293,8 @@ def nibble_passes(qs, qh, d, x_, out_, high):
         # Q5_0's 5-bit values unpacked to bytes once (quads k and k + 4 of block b at 256 b + 32 k and
         # 256 b + 32 (k + 4)); every 4-row pass then reads bytes, not bits. Q4_0's passes split their nibbles in
         # place (two instructions a quad: cheaper than a round trip through the buffer).
-        w8 = np.empty(nb * 256 if high and M4 > 0 else 0, np.uint8)
-        for b in range(nb if high and M4 > 0 else 0):
+        w8 = np.empty(nb * 256 if high else 0, np.uint8)
+        for b in range(nb if high else 0):
             prefetch_q5(qs, qh, d, g, nb, b, high)
             for k in range(4):
                 lo, hi = q5_quads(qs, qh, g, nb, b, k, high)
