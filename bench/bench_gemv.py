@@ -79,7 +79,11 @@ def main():
     args = ap.parse_args()
     configure_threads()
     names = args.formats or [t.name for t in FORMATS]
-    cases = [(Q[n], args.size, args.size) for n in names]
+    by_name = {t.name: t for t in FORMATS}  # GGML's types and ramlm's own (FP8_E4M3, U8_ZP)
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        ap.error(f"unknown formats {unknown} (known: {', '.join(by_name)})")
+    cases = [(by_name[n], args.size, args.size) for n in names]
     if not args.no_output_shape:
         cases.append((Q.Q8_0, 262144, 640))
     results = []

@@ -1,4 +1,4 @@
-"""GGUF block formats (and ramlm's FP8_E4M3) dequantized by torch on any device: packed weights stay packed in
+"""GGUF block formats (and ramlm's FP8_E4M3, U8_ZP) dequantized by torch on any device: packed weights stay packed in
 device memory.
 
 Each function is gguf-py's numpy `dequantize_blocks` (the oracle cpu_kernels is tested against) written
@@ -175,9 +175,14 @@ def fp8_e4m3(b: torch.Tensor) -> torch.Tensor:
     return b[:, 4:].contiguous().view(torch.float8_e4m3fn).to(torch.float32) * d
 
 
+def u8_zp(b: torch.Tensor) -> torch.Tensor:
+    """RamlmType.U8_ZP blocks: fp16 d, uint8 zero point z, 32 uint8 q (value = (q - z) * d, exact in float32)."""
+    return (b[:, 3:].to(torch.float32) - b[:, 2:3].to(torch.float32)) * _f16(b[:, :2])
+
+
 DEQUANT = {Q.Q4_0: q4_0, Q.Q4_1: q4_1, Q.Q5_0: q5_0, Q.Q5_1: q5_1, Q.Q8_0: q8_0, Q.Q2_K: q2_k,
            Q.Q3_K: q3_k, Q.Q4_K: q4_k, Q.Q5_K: q5_k, Q.Q6_K: q6_k, Q.MXFP4: mxfp4, Q.IQ4_NL: iq4_nl,
-           Q.IQ4_XS: iq4_xs, RamlmType.FP8_E4M3: fp8_e4m3,
+           Q.IQ4_XS: iq4_xs, RamlmType.FP8_E4M3: fp8_e4m3, RamlmType.U8_ZP: u8_zp,
            **{getattr(Q, name.upper()): getattr(dequant_grid, name) for name in (
                "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m", "tq1_0", "tq2_0", "nvfp4")}}
 FLOAT_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}

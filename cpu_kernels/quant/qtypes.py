@@ -17,10 +17,16 @@ class RamlmType(IntEnum):
     # scale then 128 float8 e4m3fn bytes; value = e4m3(byte) * scale. Block-wise 128x128, per-channel and per-tensor
     # scales all become this row layout (a scale per 128 values of every row: 3 % over the file's bytes).
     FP8_E4M3 = 1000
+    # Asymmetric 8-bit HF checkpoints (GPTQ sym: false, compressed-tensors asymmetric W8): per 32 values of a row, an
+    # fp16 scale d, a zero point z (uint8), then 32 unsigned values q; value = d * (q - z). q - z spans -255..255, more
+    # than Q8_0's int8 holds, so the zero point stays in the block (8.75 bits a weight).
+    U8_ZP = 1001
 
 
 FP8_BLOCK = 128
-QUANT_SIZES: dict = {**GGML_QUANT_SIZES, RamlmType.FP8_E4M3: (FP8_BLOCK, 4 + FP8_BLOCK)}
+U8_ZP_BYTES = 35
+QUANT_SIZES: dict = {**GGML_QUANT_SIZES, RamlmType.FP8_E4M3: (FP8_BLOCK, 4 + FP8_BLOCK),
+                     RamlmType.U8_ZP: (32, U8_ZP_BYTES)}
 
 
 def qtype(t) -> GGMLQuantizationType | RamlmType:
@@ -60,6 +66,11 @@ def dequantize(raw: np.ndarray, t) -> np.ndarray:
         b = np.asarray(raw, np.uint8).reshape(-1, 4 + FP8_BLOCK)
         scale = np.ascontiguousarray(b[:, :4]).view(np.float32)
         vals = (e4m3_to_f32(b[:, 4:]) * scale).astype(np.float32)
+        return vals.reshape(*raw.shape[:-1], -1)
+    if t == RamlmType.U8_ZP:
+        b = np.asarray(raw, np.uint8).reshape(-1, U8_ZP_BYTES)
+        d = np.ascontiguousarray(b[:, :2]).view(np.float16).astype(np.float32)
+        vals = (b[:, 3:].astype(np.float32) - b[:, 2:3].astype(np.float32)) * d
         return vals.reshape(*raw.shape[:-1], -1)
     import gguf
     return gguf.quants.dequantize(raw, t)

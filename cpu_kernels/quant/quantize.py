@@ -2,7 +2,8 @@
 
 The legacy formats, MXFP4 and BF16 use gguf's own quantizers (bit-exact with llama.cpp's reference); the
 K-quants and the IQ4 formats, which gguf cannot quantize, get simple min-max / absmax quantizers per sub-block
-(no llama.cpp-style search, so somewhat larger errors): good enough for tests and synthetic models. FP8_E4M3 scales
+(no llama.cpp-style search, so somewhat larger errors): good enough for tests and synthetic models. U8_ZP takes each
+block's min and max; FP8_E4M3 scales
 each 128 values of a row to e4m3's range; it, Q8_0 and Q4_K run quantize_fast.py's parallel twins.
 """
 from __future__ import annotations
@@ -163,6 +164,16 @@ def _iq4_xs(x: np.ndarray) -> np.ndarray:
                            _iq4_pack(codes).reshape(-1, 128)], axis=-1)
 
 
+def _u8_zp(w: np.ndarray) -> np.ndarray:
+    """RamlmType.U8_ZP blocks (n, 35) of w's 32-value blocks: min-max per block, as an asymmetric 8-bit
+    checkpoint's groups are made (over 32 values here)."""
+    lo, hi = np.minimum(w.min(-1), 0), np.maximum(w.max(-1), 0)
+    d = _f16_round(np.where(hi > lo, (hi - lo) / 255, 1).astype(np.float32))
+    z = np.clip(np.rint(-lo / d), 0, 255)
+    q = np.clip(np.rint(w / d[:, None]) + z[:, None], 0, 255)
+    return np.concatenate([_f16_bytes(d), z[:, None].astype(np.uint8), q.astype(np.uint8)], axis=-1)
+
+
 # Q4_K takes quantize_fast.q4_k_rows (bit-equal to _q4_k, kept as its reference)
 _K_QUANTIZERS = {Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k, Q.IQ4_XS: _iq4_xs}
 _GGUF_QUANTIZERS = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.BF16, Q.MXFP4, Q.TQ1_0, Q.TQ2_0)
@@ -185,6 +196,8 @@ def quantize(ggml_type, w: np.ndarray) -> np.ndarray:
         return w.view(np.uint8).reshape(N, 4 * K).copy()
     if t == RamlmType.FP8_E4M3:
         return fp8_rows(w)
+    if t == RamlmType.U8_ZP:
+        return _u8_zp(w.reshape(-1, block)).reshape(N, -1)
     if t == Q.Q8_0:  # gguf's quantizer, bit for bit, in parallel
         return q8_0_rows(w)
     if t == Q.Q4_K:  # _q4_k, bit for bit, in parallel

@@ -43,6 +43,13 @@ def q8_0(raw):
     return repack_fast.q8_0(_byte_rows(raw))
 
 
+def u8_zp(raw):
+    """RamlmType.U8_ZP rows -> q uint8 (G, K * 8), d fp16 bits uint16 (G, K / 4), z uint8 (G, K / 4): Q8_0's layout
+    over the unsigned values, each block's zero point beside its d (k_zero_point.py)."""
+    from . import repack_fast
+    return repack_fast.u8_zp(_byte_rows(raw))
+
+
 def q8_0_numpy(raw):
     """q8_0 in numpy (the reference repack_fast is tested against)."""
     b = _blocks(raw, 34)

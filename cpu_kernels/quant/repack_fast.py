@@ -31,6 +31,16 @@ def q8_0(raw):
     return out
 
 
+def u8_zp(raw):
+    """raw RamlmType.U8_ZP rows uint8 (N, nb * 35) -> q uint8 (G, nb * 256), d uint16 (G, nb * 8), z uint8
+    (G, nb * 8): Q8_0's interleaved layout (q holds the unsigned values as they are: Q8_0's value + 128), the zero
+    points placed as d."""
+    nb = raw.shape[1] // 35
+    out = _arrays(raw.shape[0], (nb * 256, np.uint8, 128), (nb * 8, np.uint16, 0), (nb * 8, np.uint8, 128))
+    _u8_zp(raw, *out)
+    return out
+
+
 def q5_0(raw):
     """raw uint8 (N, nb * 22) -> qs uint8 (G, nb * 128), qh uint32 (G, nb * 8), d uint16 (G, nb * 8): k_bytes' Q5_0
     layout."""
@@ -104,6 +114,22 @@ def _q8_0(raw, q, d):
                 d[g, 8 * b + r] = _u16(raw, n, o)
                 for e in range(32):
                     q[g, 256 * b + 32 * (e >> 2) + 4 * r + (e & 3)] = raw[n, o + 2 + e] ^ np.uint8(0x80)
+
+
+@njit(parallel=True, cache=CACHE)
+def _u8_zp(raw, q, d, z):
+    N = raw.shape[0]
+    nb = raw.shape[1] // 35
+    G = q.shape[0]
+    for g in prange(G):
+        for r in range(min(8, N - 8 * g)):
+            n = 8 * g + r
+            for b in range(nb):
+                o = b * 35
+                d[g, 8 * b + r] = _u16(raw, n, o)
+                z[g, 8 * b + r] = raw[n, o + 2]
+                for e in range(32):
+                    q[g, 256 * b + 32 * (e >> 2) + 4 * r + (e & 3)] = raw[n, o + 3 + e]
 
 
 @njit(parallel=True, cache=CACHE)

@@ -9,8 +9,9 @@ outputs in the order 0, 2, 4, 6, 1, 3, 5, 7, `<name>.qzeros` (K / g, N / 8) like
 N); value = scale * (q - zero).
 Both become GGUF blocks holding the same numbers, exactly, run by those formats' kernels: symmetric 4-bit (every
 zero 8) as Q4_0 (fp16 d = the group's scale, q - 8: 4.5 bits a weight against the file's ~4.1), asymmetric 4-bit as
-Q5_0 (q - zero in -15..15 fits its 5-bit range: 5.5 bits), symmetric 8-bit as Q8_0. Groups must be whole 32-value
-blocks (32, 64, 128, ..., or -1: one group per row).
+Q5_0 (q - zero in -15..15 fits its 5-bit range: 5.5 bits), symmetric 8-bit as Q8_0, asymmetric 8-bit (q - zero in
+-255..255) as ramlm's U8_ZP (Q8_0's bytes with a zero point per block: 8.75 bits). Groups must be whole 32-value blocks
+(32, 64, 128, ..., or -1: one group per row).
 compressed-tensors "pack-quantized" (llm-compressor's W4A16 / W8A16: `weight_packed` int32 (N, K / per) holding
 value + 2^(bits - 1) packed along the input dim, `weight_scale` (N, groups), `weight_zero_point` packed along the
 outputs when asymmetric) and "int-quantized" (W8A8: int8 `weight`, per-row `weight_scale`) go the same way (their
@@ -19,12 +20,13 @@ Act-order (desc_act: a g_idx that is not k // group_size) holds each group's inp
 built over the inputs sorted by group (act_order's permutation), where the groups are whole blocks again, and the
 model gathers its activations in that order before the matmul (WeightSource.in_perm, parts/linear.py); stacked MoE
 experts keep one order per expert ((E, K), parts/moe.py).
-Not yet: asymmetric 8-bit, 2/3-bit, AWQ's gemv/marlin layouts.
+Not yet: 2/3-bit, AWQ's gemv/marlin layouts, asymmetric int-quantized (W8A8) weights.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from cpu_kernels.quant.qtypes import U8_ZP_BYTES, RamlmType
 from engine.errors import ModelLoadError
 from engine.model.hf_quant import IntScheme
 
@@ -155,10 +157,12 @@ def gptq_rows(qweight, qzeros, scales, g_idx, scheme: IntScheme, what: str) -> n
 
 
 def int_blocks(v: np.ndarray, d: np.ndarray, t, what: str) -> np.ndarray:
-    """Integer values v (N, nb, 32) times fp16 scales d (N, nb) -> rows uint8 (N, nb * type size) of GGUF type t
-    (Q4_0: -8..7, Q5_0: -16..15, Q8_0: -128..127) holding exactly those numbers."""
+    """Integer values v (N, nb, 32) times fp16 scales d (N, nb) -> rows uint8 (N, nb * type size) of type t
+    (Q4_0: -8..7, Q5_0: -16..15, Q8_0: -128..127, U8_ZP: any 255-wide span per block) holding exactly those numbers."""
     from gguf import GGMLQuantizationType as Q
     N, nb = d.shape
+    if t == RamlmType.U8_ZP:
+        return _u8_zp_blocks(v, d, what)
     lo, hi = {Q.Q4_0: (-8, 7), Q.Q5_0: (-16, 15), Q.Q8_0: (-128, 127)}[t]
     if v.min() < lo or v.max() > hi:
         raise ModelLoadError(f"{what}: values outside {t.name}'s {lo}..{hi} (zero points out of range)")
@@ -171,6 +175,20 @@ def int_blocks(v: np.ndarray, d: np.ndarray, t, what: str) -> np.ndarray:
         body = v.astype(np.int8).view(np.uint8)
     out = np.concatenate([np.ascontiguousarray(d, np.float16).view(np.uint8).reshape(N, nb, 2), body], axis=-1)
     return out.reshape(N, -1)
+
+
+def _u8_zp_blocks(v: np.ndarray, d: np.ndarray, what: str) -> np.ndarray:
+    """Values v (N, nb, 32) spanning at most 255 per block, fp16 scales d (N, nb) -> U8_ZP rows: each block's zero point
+    z puts v + z in 0..255 (128 where it can: the kernels then add nothing for the block)."""
+    vmin, vmax = v.min(axis=-1), v.max(axis=-1)
+    if (vmax - vmin > 255).any():
+        raise ModelLoadError(f"{what}: values span more than 8 bits in a block (zero points out of range)")
+    z = np.clip(128, -vmin, 255 - vmax)
+    out = np.empty(v.shape[:2] + (U8_ZP_BYTES,), np.uint8)
+    out[..., :2] = np.ascontiguousarray(d, np.float16).view(np.uint8).reshape(*d.shape, 2)
+    out[..., 2] = z
+    out[..., 3:] = v + z[..., None]
+    return out.reshape(v.shape[0], -1)
 
 
 def ct_rows(weight, scale, zero_point, g_idx, scheme: IntScheme, what: str) -> np.ndarray:

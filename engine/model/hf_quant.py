@@ -14,7 +14,7 @@ from engine.errors import ModelLoadError
 SCALE_SUFFIXES = ("weight_scale_inv", "weight_scale")
 AUX_SUFFIXES = SCALE_SUFFIXES + ("input_scale",)
 SUPPORTED = ("fp8 (e4m3, block-wise or per-tensor), compressed-tensors float-quantized (FP8 W8A8/W8A16), "
-             "pack-quantized (W4A16, W8A16) and int-quantized (W8A8), gptq (4-bit, 8-bit symmetric), awq (4-bit gemm)")
+             "pack-quantized (W4A16, W8A16) and int-quantized (W8A8), gptq (4-bit, 8-bit), awq (4-bit gemm)")
 GPTQ_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
 CT_INT_SUFFIXES = ("weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx", "input_scale")
 
@@ -32,7 +32,10 @@ class IntScheme:
     @property
     def ggml_type(self):
         from gguf import GGMLQuantizationType as Q
-        return Q.Q8_0 if self.bits == 8 else Q.Q4_0 if self.sym else Q.Q5_0
+        from cpu_kernels.quant.qtypes import RamlmType
+        if self.bits == 8:
+            return Q.Q8_0 if self.sym else RamlmType.U8_ZP
+        return Q.Q4_0 if self.sym else Q.Q5_0
 
 
 @dataclass(frozen=True)
@@ -101,8 +104,8 @@ def _compressed_int(fmt: str, groups: dict, source: str) -> IntScheme:
             _fail(source, f"config_groups.{name}: {bits}-bit {fmt} weights are not supported")
         if strategy not in ("group", "channel"):
             _fail(source, f"config_groups.{name}: weight strategy {strategy!r} is not supported (group, channel)")
-        if bits == 8 and not sym:
-            _fail(source, f"config_groups.{name}: asymmetric 8-bit weights are not supported yet")
+        if fmt == "int-quantized" and not sym:  # as vLLM's W8A8 int kernels: zero points on activations only
+            _fail(source, f"config_groups.{name}: asymmetric int-quantized (W8A8) weights are not supported")
         if w.get("actorder") not in (None, False, "static", "weight", "group"):  # "group": weight_g_idx (hf_int)
             _fail(source, f"config_groups.{name}: actorder {w.get('actorder')!r} is not supported")
         group = -1 if strategy == "channel" else _group({"group_size": w.get("group_size")}, source, fmt)
@@ -124,8 +127,6 @@ def _gptq(qc: dict, source: str) -> IntScheme:
     if bits not in (4, 8):
         _fail(source, f"gptq bits {bits!r} are not supported (4, 8)")
     group, sym = _group(qc, source, "gptq"), qc.get("sym", True)
-    if bits == 8 and sym is not True:
-        _fail(source, "asymmetric 8-bit GPTQ (sym: false) is not supported yet")
     fmt = qc.get("checkpoint_format", "gptq")
     if fmt not in ("gptq", "gptq_v2"):
         _fail(source, f"gptq checkpoint_format {fmt!r} is not supported (gptq, gptq_v2)")

@@ -5,9 +5,10 @@ tests and benchmarks make their own from float models).
   DeepSeek-V3): routed experts one module per expert, routers, norms, embeddings and lm_head left in float.
 - "ct-channel" / "ct-tensor" / "ct-block": compressed-tensors float-quantized (llm-compressor's FP8_DYNAMIC and
   FP8_BLOCK schemes) with `weight_scale` per output row, per tensor or per 128x128 block.
-- "gptq-4" / "gptq-8" / "gptq-4-asym": GPTQ (AutoGPTQ's "gptq" checkpoint format), group 128: `qweight` int32
+- "gptq-4" / "gptq-8" / "gptq-4-asym" / "gptq-8-asym": GPTQ (AutoGPTQ's "gptq" checkpoint format), group 128: `qweight` int32
   packing the values along the input dim, `qzeros` (zero - 1, packed along the outputs), float16 `scales`, `g_idx`.
-- "ct-w4a16" / "ct-w4a16-asym" / "ct-w8a16" (compressed-tensors pack-quantized, group 128; W8A16 per channel) and
+- "ct-w4a16" / "ct-w4a16-asym" / "ct-w8a16" / "ct-w8a16-asym" (compressed-tensors pack-quantized, group 128; W8A16
+  per channel) and
   "ct-w8a8" (int-quantized, int8 weights per channel): llm-compressor's layouts, bfloat16 scales.
 - "awq": AutoAWQ's gemm layout, 4-bit with zero points, group 128: `qweight` (K, N / 8) and `qzeros` packed along the
   outputs in the order 0, 2, 4, 6, 1, 3, 5, 7, float16 `scales`.
@@ -25,11 +26,13 @@ import numpy as np
 
 from cpu_kernels.quant.fp8_quant import E4M3_MAX, quantize_blockwise, to_e4m3
 
-SCHEMES = ("fp8-block", "ct-channel", "ct-tensor", "ct-block", "gptq-4", "gptq-8", "gptq-4-asym", "gptq-4-actorder",
-           "awq", "ct-w4a16", "ct-w4a16-asym", "ct-w4a16-actorder", "ct-w8a16", "ct-w8a8")
+SCHEMES = ("fp8-block", "ct-channel", "ct-tensor", "ct-block", "gptq-4", "gptq-8", "gptq-4-asym", "gptq-8-asym",
+           "gptq-4-actorder", "awq", "ct-w4a16", "ct-w4a16-asym", "ct-w4a16-actorder", "ct-w8a16", "ct-w8a16-asym",
+           "ct-w8a8")
 CT_INT = {"ct-w4a16": (4, True, 128, "pack-quantized"), "ct-w4a16-asym": (4, False, 128, "pack-quantized"),
           "ct-w4a16-actorder": (4, True, 128, "pack-quantized"),
-          "ct-w8a16": (8, True, -1, "pack-quantized"), "ct-w8a8": (8, True, -1, "int-quantized")}
+          "ct-w8a16": (8, True, -1, "pack-quantized"), "ct-w8a16-asym": (8, False, 128, "pack-quantized"),
+          "ct-w8a8": (8, True, -1, "int-quantized")}
 GPTQ_GROUP = 128
 _LINEAR = re.compile(r"(.*\.layers\.\d+\..*_proj(?:_[a-z_]+)?)\.weight$")  # q_proj, in_proj_qkv, kv_a_proj_with_mqa, ...
 _FUSED = re.compile(r"(.*\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")

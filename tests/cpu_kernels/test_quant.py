@@ -18,8 +18,8 @@ TYPES = list(FORMATS)
 # Round-trip error (relative RMS) of our quantizers on Gaussian weights; the K-quant ones are simple.
 ROUNDTRIP_TOL = {Q.F32: 0, Q.F16: 1e-3, Q.BF16: 5e-3, Q.Q8_0: 1e-2, Q.Q6_K: 3e-2, Q.Q5_0: 5e-2,
                  Q.Q5_1: 5e-2, Q.Q5_K: 6e-2, Q.Q4_0: 0.1, Q.Q4_1: 0.1, Q.Q4_K: 0.1, Q.Q3_K: 0.25, Q.Q2_K: 0.4,
-                 Q.MXFP4: 0.13, Q.IQ4_NL: 0.09, Q.IQ4_XS: 0.09, RamlmType.FP8_E4M3: 0.04, Q.TQ1_0: 0.9,
-                 Q.TQ2_0: 0.9}
+                 Q.MXFP4: 0.13, Q.IQ4_NL: 0.09, Q.IQ4_XS: 0.09, RamlmType.FP8_E4M3: 0.04, RamlmType.U8_ZP: 1e-2,
+                 Q.TQ1_0: 0.9, Q.TQ2_0: 0.9}
 # Formats ramlm runs but cannot write (llama.cpp's grid search with an importance matrix makes them): their cases are
 # random blocks of the file layout, every bit pattern of which is a valid block.
 from cpu_kernels.quant.quantize import UNWRITTEN as NO_QUANTIZER  # noqa: E402

@@ -1,6 +1,6 @@
-"""GPTQ (4-bit symmetric and asymmetric, 8-bit symmetric; AutoGPTQ's layout) and AWQ (4-bit gemm, AutoAWQ's layout)
-HF checkpoints against transformers running the values the checkpoint decodes to; they load as the GGUF blocks holding
-the same numbers (Q4_0, Q5_0, Q8_0)."""
+"""GPTQ (4- and 8-bit, symmetric and asymmetric; AutoGPTQ's layout), AWQ (4-bit gemm, AutoAWQ's layout) and
+compressed-tensors int HF checkpoints against transformers running the values the checkpoint decodes to; they load as
+the blocks holding the same numbers (Q4_0, Q5_0, Q8_0, and ramlm's U8_ZP for asymmetric 8-bit)."""
 from __future__ import annotations
 
 import os
@@ -22,9 +22,10 @@ from tests.model.tiny_models import hf_logits, tiny_model
 CASES = [("llama", "gptq-4"), ("qwen3moe", "gptq-4"), ("qwen3", "gptq-8"), ("qwen3", "gptq-4-asym"),
          ("llama", "gptq-4-actorder"), ("qwen3moe", "gptq-4-actorder"), ("qwen3", "ct-w4a16-actorder"),
          ("llama", "awq"), ("qwen3moe", "awq"), ("qwen3", "ct-w4a16"), ("qwen3moe", "ct-w4a16-asym"),
-         ("llama", "ct-w8a16"), ("qwen3", "ct-w8a8")]
+         ("llama", "ct-w8a16"), ("qwen3", "ct-w8a8"), ("qwen3moe", "gptq-8-asym"), ("llama", "ct-w8a16-asym")]
 TYPE = {"gptq-4": "Q4_0", "gptq-4-actorder": "Q4_0", "gptq-8": "Q8_0", "gptq-4-asym": "Q5_0", "awq": "Q5_0",
-        "ct-w4a16": "Q4_0", "ct-w4a16-actorder": "Q4_0", "ct-w4a16-asym": "Q5_0", "ct-w8a16": "Q8_0", "ct-w8a8": "Q8_0"}
+        "ct-w4a16": "Q4_0", "ct-w4a16-actorder": "Q4_0", "ct-w4a16-asym": "Q5_0", "ct-w8a16": "Q8_0", "ct-w8a8": "Q8_0",
+        "gptq-8-asym": "U8_ZP", "ct-w8a16-asym": "U8_ZP"}
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
@@ -46,7 +47,7 @@ def test_gptq_loads_as_blocks_of_the_same_numbers(gptq_folder):
     tensors = load_file(os.path.join(path, "model.safetensors"))
     key = {"ct-w8a8": "weight", "ct-w4a16": "weight_packed", "ct-w4a16-asym": "weight_packed",
            "ct-w4a16-actorder": "weight_packed",
-           "ct-w8a16": "weight_packed"}.get(scheme, "qweight")
+           "ct-w8a16": "weight_packed", "ct-w8a16-asym": "weight_packed"}.get(scheme, "qweight")
     dtype = torch.int8 if scheme == "ct-w8a8" else torch.int32
     assert tensors[f"model.layers.1.self_attn.o_proj.{key}"].dtype == dtype
 
@@ -60,13 +61,28 @@ def test_gptq_matches_transformers_on_decoded_weights(gptq_folder):
     assert_quantized_close(arch, run_incremental(model, PROMPTS[0], 6), refs[0])
 
 
+def test_asymmetric_8bit_runs_in_the_fused_decode_step(gptq_folder, monkeypatch):
+    """U8_ZP weights (and experts) run inside the compiled decode step, bitwise what the kernels give one by one."""
+    from tests.model.test_block_paths import PROMPT, SPLIT, _kernels
+    from tests.fused_calls import count_fused_calls
+    arch, scheme, path, _ = gptq_folder
+    if scheme != "gptq-8-asym":
+        pytest.skip("one asymmetric 8-bit model compiles the fused step")
+    monkeypatch.setenv("RAMLM_FUSED_COMPILE", "inline")
+    _, plain = _kernels(path, monkeypatch, fused=False)
+    calls = count_fused_calls(monkeypatch)
+    model, fused = _kernels(path, monkeypatch, fused=True)
+    assert calls[0] == (len(PROMPT) - SPLIT + 1) * len(model.blocks)
+    np.testing.assert_array_equal(fused, plain)
+
+
 def test_gptq_weights_are_exact(gptq_folder):
     """The loaded o_proj holds exactly scale * (q - zero) of the checkpoint, unpacked here on its own."""
     arch, scheme, path, _ = gptq_folder
     if scheme.startswith("ct-"):
         return _ct_weights_are_exact(scheme, path)
     from cpu_kernels.quant import QuantLinear
-    bits = 8 if scheme == "gptq-8" else 4
+    bits = 8 if scheme.startswith("gptq-8") else 4
     t = load_file(os.path.join(path, "model.safetensors"))
     p = "model.layers.1.self_attn.o_proj."
     words = t[p + "qweight"].numpy().view(np.uint32)
@@ -140,7 +156,9 @@ def _uneven_groups(t):
 
 
 @pytest.mark.parametrize("config, tensors, message", [
-    (lambda qc: {**qc, "bits": 8, "sym": False}, None, "asymmetric 8-bit GPTQ .sym: false. is not supported yet"),
+    (lambda qc: {"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"group_0": {
+        "weights": {"type": "int", "num_bits": 8, "strategy": "channel", "symmetric": False}}}}, None,
+     "asymmetric int-quantized .W8A8. weights are not supported"),
     (lambda qc: {**qc, "bits": 3}, None, "gptq bits 3 are not supported"),
     (lambda qc: {"quant_method": "awq", "bits": 4, "version": "gemv"}, None, "awq version 'gemv' is not supported"),
     (lambda qc: {**qc, "group_size": 48}, None, "gptq group_size 48 is not supported"),
