@@ -1,7 +1,8 @@
-"""Speculative decoding's gain: greedy decode tok/s with drafts (n-gram; suffix, with and without its tree of recent
-outputs, which learns the set's answers over the rounds) against the same engine without them, on input-grounded chats
-(bench/spec_prompts.py), one request and 16 at a time, alternating rounds, medians; and the cost of a q-row
-verification step (q = 1..8) against a 1-row decode step at a given context depth:
+"""Speculative decoding's gain: greedy tok/s (end to end, and decode alone: after each request's first token) with
+drafts (n-gram; suffix, with and without its tree of recent outputs, which learns the set's answers over the rounds)
+against the same engine without them, on input-grounded chats (bench/spec_prompts.py), one request and 16 at a time,
+alternating rounds, medians; and the cost of a q-row verification step (q = 1..8) against a 1-row decode step at a
+given context depth:
 
     python -m bench.speculative [--model M] [--methods ngram,suffix,suffix-nocache] [--k 4] [--lookup 1,3]
                                 [--rounds 3] [--gen-tokens 128] [--llamacpp]
@@ -18,6 +19,15 @@ import argparse
 import time
 
 from bench.common import median, write_result
+
+
+def _decode_rate(calls) -> float:
+    """Decode tok/s of generate calls: every token after a request's first, over the time from each call's first
+    first token to its last token (prefill and the first token's step left out)."""
+    tokens = sum(len(o.outputs[0].token_ids) - 1 for call in calls for o in call)
+    span = sum(max(o.metrics.last_token_time for o in call) - min(o.metrics.first_token_time for o in call)
+               for call in calls)
+    return tokens / span
 
 
 def _gain(a) -> dict:
@@ -38,25 +48,31 @@ def _gain(a) -> dict:
     chats = [[{"role": "user", "content": p}] for p in PROMPTS]
     figures = {"configs": {m: configs[m] for m in methods}}
     for n in (int(c) for c in a.concurrency.split(",")):
-        runs, texts = {k: [] for k in engines}, {}
+        runs, decode_runs, texts = {k: [] for k in engines}, {k: [] for k in engines}, {}
         for r in range(a.rounds + 1):
             for k, llm in engines.items():
                 t0 = time.perf_counter()
                 if n == 1:  # every chat of the set, one after another
-                    outs = [llm.chat([c], params, use_tqdm=False)[0] for c in chats]
+                    calls = [llm.chat([c], params, use_tqdm=False) for c in chats]
                 else:
-                    outs = llm.chat([chats[i % len(chats)] for i in range(n)], params, use_tqdm=False)
+                    calls = [llm.chat([chats[i % len(chats)] for i in range(n)], params, use_tqdm=False)]
+                elapsed = time.perf_counter() - t0
+                outs = [o for call in calls for o in call]
                 tokens = sum(len(o.outputs[0].token_ids) for o in outs)
                 texts[k] = [o.outputs[0].text for o in outs]
                 if r:  # round 0 warms
-                    runs[k].append(tokens / (time.perf_counter() - t0))
-        plain = median(runs["plain"])
-        figures[f"concurrency_{n}"] = {"plain_tok_s": plain, "runs": runs}
+                    runs[k].append(tokens / elapsed)
+                    decode_runs[k].append(_decode_rate(calls))
+        plain, plain_decode = median(runs["plain"]), median(decode_runs["plain"])
+        figures[f"concurrency_{n}"] = {"plain_tok_s": plain, "plain_decode_tok_s": plain_decode, "runs": runs,
+                                       "decode_runs": decode_runs}
         for m in methods:
-            tok_s, same = median(runs[m]), texts["plain"] == texts[m]
-            figures[f"concurrency_{n}"][m] = {"tok_s": tok_s, "ratio": tok_s / plain, "same_text": same}
+            tok_s, dec, same = median(runs[m]), median(decode_runs[m]), texts["plain"] == texts[m]
+            figures[f"concurrency_{n}"][m] = {"tok_s": tok_s, "ratio": tok_s / plain, "decode_tok_s": dec,
+                                              "decode_ratio": dec / plain_decode, "same_text": same}
             print(f"{n} at a time: plain {plain:.1f} tok/s, {m} {tok_s:.1f} tok/s ({tok_s / plain:.2f}x), "
-                  f"same text: {same}")
+                  f"same text: {same}; decode alone (after each first token) plain {plain_decode:.1f}, {m} "
+                  f"{dec:.1f} tok/s ({dec / plain_decode:.2f}x)")
     if a.llamacpp:  # the same prompt tokens (the chat template rendered by ramlm), one at a time
         from engine.default_model import default_model_path
         a.model = a.model or default_model_path()

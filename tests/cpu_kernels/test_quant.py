@@ -163,12 +163,12 @@ def test_auto_long_matmul_is_bf16_where_native_else_the_int8_gemv(case):
 
 
 def test_gemv_prefill_min_k_follows_the_host():
-    """With two-group passes and no AMX (WIDE_PREFILL) the GEMV takes long chunks of Q4_K, Q5_0, Q4_0 and Q8_0 at every
-    K and Q6_K from the 8B shapes on; with AMX the bf16 GEMM takes them all; elsewhere the GEMV takes Q4_K from
+    """With two-group passes and no AMX (WIDE_PREFILL) the GEMV takes long chunks of Q4_K, Q5_0, Q4_0 and Q8_0 (and the
+    formats on their kernels) at every K and Q6_K from the 8B shapes on; with AMX the bf16 GEMM takes them all; elsewhere the GEMV takes Q4_K from
     K = 4096."""
     from cpu_kernels.quant.registry import AMX, WIDE_PREFILL
     want = ({Q.Q4_K: 256, Q.Q5_0: 32, Q.Q4_0: 32, Q.Q8_0: 32, Q.Q6_K: 4096, Q.MXFP4: 32, Q.IQ4_NL: 32,
-             Q.IQ4_XS: 32} if WIDE_PREFILL else {} if AMX
+             Q.IQ4_XS: 32, RamlmType.U8_ZP: 32} if WIDE_PREFILL else {} if AMX
             else {Q.Q4_K: 4096})
     got = {t: f.gemv_prefill_min_k for t, f in FORMATS.items() if f.gemv_prefill_min_k}
     assert got == want
