@@ -28,8 +28,8 @@ from .dot import Q8_OFFSET, acc_i32, dpbusd_acc, dpbusd_q8, zero_acc
 from .simd import (CACHE, PREFETCH_AHEAD, bits_to_bytes, concat, f16_to_f32, i8_to_f32, lane, load_bcast4, load_f16x8,
                    load_strided4, load_strided4x4, load_u8x32, muladd, prefetch, splat_i32, store, to_f32, vadd, vand,
                    vmul, vor, vshl, vshr, vsub, zero_f32x8, zero_f32x16)
-from .wide import (byte_pair_passes, dpbusd16, load_bcast4x16, pair_units, pass_rows, rows_back, splat_i32x16,
-                   store16x4, three_as_four, unit_group)
+from .wide import (byte_pair_passes, dpbusd16, five_rows, load_bcast4x16, pair_units, pass_rows, rows_back,
+                   splat_i32x16, store16x4, three_as_four, unit_group)
 
 
 @njit(cache=CACHE)
@@ -123,6 +123,35 @@ def q8_0_pair(q, d, xq, xd, s, out, g, nb, M4):
         store16x4(out, m0, 8 * g, a0, a1, a2, a3)
 
 
+@njit(cache=CACHE)
+def q8_0_five(q, d, xq, xd, s, out, g, nb, m0):
+    """gemv_q8_0's 4-row pass with a fifth row (rows m0..m0 + 4 over group g; wide.five_rows): the same integers and
+    float steps per row."""
+    K = xq.shape[1]
+    a0, a1, a2, a3, a4 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
+    for b in range(nb):
+        o = (g * nb + b) * 256
+        prefetch_block(q, d, g, nb, b)
+        dw = load_f16x8(d, (g * nb + b) * 8)
+        i0, i1, i2 = splat_i32(s[m0, b]), splat_i32(s[m0 + 1, b]), splat_i32(s[m0 + 2, b])
+        i3, i4 = splat_i32(s[m0 + 3, b]), splat_i32(s[m0 + 4, b])
+        x0 = m0 * K + b * 32
+        for j in range(8):
+            w = load_u8x32(q, o + 32 * j)
+            i0 = dpbusd_q8(i0, w, load_bcast4(xq, x0 + 4 * j))
+            i1 = dpbusd_q8(i1, w, load_bcast4(xq, x0 + K + 4 * j))
+            i2 = dpbusd_q8(i2, w, load_bcast4(xq, x0 + 2 * K + 4 * j))
+            i3 = dpbusd_q8(i3, w, load_bcast4(xq, x0 + 3 * K + 4 * j))
+            i4 = dpbusd_q8(i4, w, load_bcast4(xq, x0 + 4 * K + 4 * j))
+        a0 = muladd(a0, to_f32(i0), vmul(dw, xd[m0, b]))
+        a1 = muladd(a1, to_f32(i1), vmul(dw, xd[m0 + 1, b]))
+        a2 = muladd(a2, to_f32(i2), vmul(dw, xd[m0 + 2, b]))
+        a3 = muladd(a3, to_f32(i3), vmul(dw, xd[m0 + 3, b]))
+        a4 = muladd(a4, to_f32(i4), vmul(dw, xd[m0 + 4, b]))
+    store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
+    store_rows(out, m0 + 4, 8 * g, a4)
+
+
 @njit(parallel=True, cache=CACHE)
 def gemv_q8_0(q, d, x, out_):
     x, out = three_as_four(x, out_, True)
@@ -133,14 +162,15 @@ def gemv_q8_0(q, d, x, out_):
     s = block_offsets(xn4, nb, Q8_OFFSET)
     P = pair_units(M, N)
     M4 = pass_rows(M)
+    five = five_rows(M)
     for u in prange(G - P):
         g = unit_group(u, P)
         if g < 2 * P:
             q8_0_pair(q, d, xq, xd, s, out, g, nb, M4)
         # 4 activation rows per pass over the first M4 rows (wide.pass_rows; a last pass moved back to end at M4
-        # recomputes its overlap, bitwise equal). Inline on purpose: as a function returning the four accumulators
-        # it ran 15-20 % slower.
-        for m in range(0, M4 if g >= 2 * P else 0, 4):
+        # recomputes its overlap, bitwise equal), or up to the last 5 rows, which one pass takes (wide.five_rows).
+        # Inline on purpose: as a function returning the four accumulators it ran 15-20 % slower.
+        for m in range(0, (M - 5 if five else M4) if g >= 2 * P else 0, 4):
             m0 = min(m, M4 - 4)
             a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
             for b in range(nb):
@@ -162,10 +192,12 @@ def gemv_q8_0(q, d, x, out_):
                 a2 = muladd(a2, to_f32(i2), vmul(dw, xd[m0 + 2, b]))
                 a3 = muladd(a3, to_f32(i3), vmul(dw, xd[m0 + 3, b]))
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
+        if five and g >= 2 * P:
+            q8_0_five(q, d, xq, xd, s, out, g, nb, M - 5)
         # The rows past the passes (every row below 4) one at a time over each group of the unit, whose weights the
         # passes left in cache. Inline: as a function call gemma-3-270m's decode ran 3-4 % slower.
         for g1 in range(g, g + (2 if g < 2 * P else 1)):
-            for m in range(M4, M):
+            for m in range(M if five and g >= 2 * P else M4, M):
                 acc = zero_f32x8()
                 for b in range(nb):
                     if m == 0:
@@ -249,6 +281,43 @@ def q5_0_rows(qs, qh, w8, d, xq, xd, s, out, g, nb, high, m_start, m_end):
 
 
 @njit(cache=CACHE)
+def q5_0_five(qs, qh, w8, d, xq, xd, s, out, g, nb, high, m0):
+    """nibble_passes' 4-row pass with a fifth row (rows m0..m0 + 4 over group g; wide.five_rows): the same integers
+    and float steps per row."""
+    K = xq.shape[1]
+    a0, a1, a2, a3, a4 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
+    for b in range(nb):
+        if not high:
+            prefetch_q5(qs, qh, d, g, nb, b, high)
+        i0, i1, i2, i3, i4 = zero_acc(), zero_acc(), zero_acc(), zero_acc(), zero_acc()
+        h0, h1, h2, h3, h4 = zero_acc(), zero_acc(), zero_acc(), zero_acc(), zero_acc()
+        x0 = m0 * K + b * 32
+        for k in range(4):
+            if high:
+                lo, hi = load_u8x32(w8, b * 256 + 32 * k), load_u8x32(w8, b * 256 + 32 * k + 128)
+            else:
+                lo, hi = q5_quads(qs, qh, g, nb, b, k, high)
+            i0 = dpbusd_acc(i0, lo, load_bcast4(xq, x0 + 4 * k))
+            i1 = dpbusd_acc(i1, lo, load_bcast4(xq, x0 + K + 4 * k))
+            i2 = dpbusd_acc(i2, lo, load_bcast4(xq, x0 + 2 * K + 4 * k))
+            i3 = dpbusd_acc(i3, lo, load_bcast4(xq, x0 + 3 * K + 4 * k))
+            i4 = dpbusd_acc(i4, lo, load_bcast4(xq, x0 + 4 * K + 4 * k))
+            h0 = dpbusd_acc(h0, hi, load_bcast4(xq, x0 + 16 + 4 * k))
+            h1 = dpbusd_acc(h1, hi, load_bcast4(xq, x0 + K + 16 + 4 * k))
+            h2 = dpbusd_acc(h2, hi, load_bcast4(xq, x0 + 2 * K + 16 + 4 * k))
+            h3 = dpbusd_acc(h3, hi, load_bcast4(xq, x0 + 3 * K + 16 + 4 * k))
+            h4 = dpbusd_acc(h4, hi, load_bcast4(xq, x0 + 4 * K + 16 + 4 * k))
+        dw = load_f16x8(d, (g * nb + b) * 8)
+        a0 = muladd(a0, to_f32(vadd(splat_i32(s[m0, b]), vadd(acc_i32(i0), acc_i32(h0)))), vmul(dw, xd[m0, b]))
+        a1 = muladd(a1, to_f32(vadd(splat_i32(s[m0 + 1, b]), vadd(acc_i32(i1), acc_i32(h1)))), vmul(dw, xd[m0 + 1, b]))
+        a2 = muladd(a2, to_f32(vadd(splat_i32(s[m0 + 2, b]), vadd(acc_i32(i2), acc_i32(h2)))), vmul(dw, xd[m0 + 2, b]))
+        a3 = muladd(a3, to_f32(vadd(splat_i32(s[m0 + 3, b]), vadd(acc_i32(i3), acc_i32(h3)))), vmul(dw, xd[m0 + 3, b]))
+        a4 = muladd(a4, to_f32(vadd(splat_i32(s[m0 + 4, b]), vadd(acc_i32(i4), acc_i32(h4)))), vmul(dw, xd[m0 + 4, b]))
+    store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
+    store_rows(out, m0 + 4, 8 * g, a4)
+
+
+@njit(cache=CACHE)
 def gemv_q5_0(qs, qh, d, x, out):
     nibble_passes(qs, qh, d, x, out, True)
 
@@ -269,6 +338,7 @@ def nibble_passes(qs, qh, d, x_, out_, high):
     s = block_offsets(xn4, nb, 16 if high else 8)
     P = pair_units(M, out.shape[1])
     M4 = pass_rows(M)
+    five = five_rows(M)
     for u in prange(G - P):
         g = unit_group(u, P)
         if g < 2 * P:
@@ -300,7 +370,7 @@ def nibble_passes(qs, qh, d, x_, out_, high):
                 lo, hi = q5_quads(qs, qh, g, nb, b, k, high)
                 store(w8, b * 256 + 32 * k, lo)
                 store(w8, b * 256 + 32 * k + 128, hi)
-        for m in range(0, M4, 4):  # as gemv_q8_0
+        for m in range(0, M - 5 if five else M4, 4):  # as gemv_q8_0
             m0 = min(m, M4 - 4)
             a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
             for b in range(nb):
@@ -333,7 +403,9 @@ def nibble_passes(qs, qh, d, x_, out_, high):
                 j3 = vadd(splat_i32(s[m0 + 3, b]), vadd(acc_i32(i3), acc_i32(h3)))
                 a3 = muladd(a3, to_f32(j3), vmul(dw, xd[m0 + 3, b]))
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
-        q5_0_rows(qs, qh, w8, d, xq, xd, s, out, g, nb, high, M4, M)
+        if five:
+            q5_0_five(qs, qh, w8, d, xq, xd, s, out, g, nb, high, M - 5)
+        q5_0_rows(qs, qh, w8, d, xq, xd, s, out, g, nb, high, M if five else M4, M)
     rows_back(out_, out)
 
 

@@ -18,8 +18,8 @@ from .k_bytes import store_rows, store_rows4
 from .k_kquants import q6k_group
 from .q8act import quantize_act
 from .dot import acc_i32, dpbusd7, dpbusd_acc, zero_acc
-from .wide import (dpbusd16, load_bcast4x16, load_u8x64, pair_units, pass_rows, rows_back, splat_i32x16,
-                   store16x4, three_as_four, unit_group)
+from .wide import (dpbusd16, five_rows, load_bcast4x16, load_u8x64, pair_units, pass_rows, rows_back,
+                   splat_i32x16, store16x4, three_as_four, unit_group)
 from .simd import (CACHE, PREFETCH_AHEAD_L2, concat, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_f32x8,
                    load_f32x16, load_strided4, load_u8x8, load_u8x32, muladd, pair16, prefetch_l2, splat_i32, store,
                    to_f32, u8_to_f32, vadd, vand, vmul, vshr, vsub, zero_f32x8, zero_f32x16)
@@ -132,6 +132,52 @@ def pair_scales(sc, mn, d, dmin, g, ns, s, j):
     return concat(sa, sb), concat(ma, mb)
 
 
+@njit(cache=CACHE)
+def q4_k_five(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, m0):
+    """gemv_q4_k's 4-row pass with a fifth row (rows m0..m0 + 4 over group g; wide.five_rows): the same integers and
+    float steps per row."""
+    K = xq.shape[1]
+    a0, a1, a2, a3, a4 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
+    for s in range(ns):
+        for c in range(4):
+            o = (g * ns + s) * 1024 + 256 * c
+            prefetch_chunk(qs, sc, mn, d, dmin, o, (g * ns + s) * 64 + c * 16)
+            xo = m0 * K + s * 256 + 64 * c
+            i0, i1, i2, i3, i4 = zero_acc(), zero_acc(), zero_acc(), zero_acc(), zero_acc()
+            h0, h1, h2, h3, h4 = zero_acc(), zero_acc(), zero_acc(), zero_acc(), zero_acc()
+            for k in range(8):
+                w = load_u8x32(qs, o + 32 * k)
+                lo, hi = vand(w, 15), vshr(w, 4)
+                i0 = dpbusd_acc(i0, lo, load_bcast4(xq, xo + 4 * k))
+                i1 = dpbusd_acc(i1, lo, load_bcast4(xq, xo + K + 4 * k))
+                i2 = dpbusd_acc(i2, lo, load_bcast4(xq, xo + 2 * K + 4 * k))
+                i3 = dpbusd_acc(i3, lo, load_bcast4(xq, xo + 3 * K + 4 * k))
+                i4 = dpbusd_acc(i4, lo, load_bcast4(xq, xo + 4 * K + 4 * k))
+                h0 = dpbusd_acc(h0, hi, load_bcast4(xq, xo + 32 + 4 * k))
+                h1 = dpbusd_acc(h1, hi, load_bcast4(xq, xo + K + 32 + 4 * k))
+                h2 = dpbusd_acc(h2, hi, load_bcast4(xq, xo + 2 * K + 32 + 4 * k))
+                h3 = dpbusd_acc(h3, hi, load_bcast4(xq, xo + 3 * K + 32 + 4 * k))
+                h4 = dpbusd_acc(h4, hi, load_bcast4(xq, xo + 4 * K + 32 + 4 * k))
+            ja = s * 8 + 2 * c
+            sa, ma = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c)
+            sb, mb = group_scales(sc, mn, d, dmin, g, ns, s, 2 * c + 1)
+            a0 = q4_k_step(a0, i0, h0, sa, sb, ma, mb, xd, xs32, m0, ja)
+            a1 = q4_k_step(a1, i1, h1, sa, sb, ma, mb, xd, xs32, m0 + 1, ja)
+            a2 = q4_k_step(a2, i2, h2, sa, sb, ma, mb, xd, xs32, m0 + 2, ja)
+            a3 = q4_k_step(a3, i3, h3, sa, sb, ma, mb, xd, xs32, m0 + 3, ja)
+            a4 = q4_k_step(a4, i4, h4, sa, sb, ma, mb, xd, xs32, m0 + 4, ja)
+    store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
+    store_rows(out, m0 + 4, 8 * g, a4)
+
+
+@njit(cache=CACHE, inline="always")
+def q4_k_step(a, i, h, sa, sb, ma, mb, xd, xs32, m, ja):
+    """One row's float steps for two 32-value sub-blocks, as gemv_q4_k's passes take them."""
+    a = muladd(a, to_f32(acc_i32(i)), vmul(sa, xd[m, ja]))
+    a = muladd(a, to_f32(acc_i32(h)), vmul(sb, xd[m, ja + 1]))
+    return vsub(vsub(a, vmul(ma, xs32[m, ja])), vmul(mb, xs32[m, ja + 1]))
+
+
 @njit(parallel=True, cache=CACHE)
 def gemv_q4_k(qs, sc, mn, d, dmin, x, out_):
     x, out = three_as_four(x, out_, True)
@@ -141,6 +187,7 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out_):
     ns = K // 256
     P = pair_units(M, out.shape[1])
     M4 = pass_rows(M)
+    five = five_rows(M)
     for u in prange(G - P):
         g = unit_group(u, P)
         if g < 2 * P:
@@ -148,8 +195,9 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out_):
                 q4_k_pair(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, True, M4)
             else:
                 q4_k_pair(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, False, M4)
-        # 4 activation rows per pass over the first M4 rows (inline: see k_bytes.gemv_q8_0)
-        for m in range(0, M4 if g >= 2 * P else 0, 4):
+        # 4 activation rows per pass over the first M4 rows, or up to a last 5-row pass (inline: see
+        # k_bytes.gemv_q8_0)
+        for m in range(0, (M - 5 if five else M4) if g >= 2 * P else 0, 4):
             m0 = min(m, M4 - 4)
             a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
             for s in range(ns):
@@ -188,10 +236,12 @@ def gemv_q4_k(qs, sc, mn, d, dmin, x, out_):
                     a3 = muladd(a3, to_f32(acc_i32(h3)), vmul(sb, xd[m0 + 3, ja + 1]))
                     a3 = vsub(vsub(a3, vmul(ma, xs32[m0 + 3, ja])), vmul(mb, xs32[m0 + 3, ja + 1]))
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
+        if five and g >= 2 * P:
+            q4_k_five(qs, sc, mn, d, dmin, xq, xd, xs32, out, g, ns, M - 5)
         # The rows past the passes (every row below 4) one at a time over each group of the unit, whose weights the
         # passes left in cache. Inline: as a function call the decode GEMV ran 2-5 % slower.
         for g1 in range(g, g + (2 if g < 2 * P else 1)):
-            for m in range(M4, M):
+            for m in range(M if five and g >= 2 * P else M4, M):
                 acc = zero_f32x8()
                 for s in range(ns):
                     for c in range(4):

@@ -107,6 +107,13 @@ def pass_rows(M):
 
 
 @njit(cache=CACHE)
+def five_rows(M):
+    """Whether a GEMV's last pass takes 5 activation rows (M = 5, 9, ...: a speculative check of 4 drafts): one
+    more row in the pass that has the group's weights in registers costs less than a row alone over them after."""
+    return M >= 5 and M % 4 == 1
+
+
+@njit(cache=CACHE)
 def three_as_four(x, out, pad):
     """(x, out) as a GEMV's passes take them: with pad, 3 activation rows become 4 (the third repeated) with an
     output of 4 rows, since one 4-row pass costs less than three rows alone where the passes read their weights in
