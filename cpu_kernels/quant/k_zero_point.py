@@ -13,8 +13,8 @@ from numba import njit, prange
 
 from .k_bytes import gemv_q8_0
 from .q8act import quantize_act
-from .simd import (CACHE, f16_to_f32, lane, load_f16x8, load_strided4, load_u8x8, muladd, store, u8_to_f32, vmul,
-                   vsub, zero_f32x8)
+from .simd import (CACHE, f16_to_f32, lane, load_f16x8, load_f32x8, load_strided4, load_u8x8, muladd, store, u8_to_f32,
+                   vadd, vmul, vsub, zero_f32x8)
 
 
 @njit(cache=CACHE)
@@ -31,12 +31,21 @@ def add_zero_points(d, z, x, out):
     M, N = out.shape
     G, nb = d.shape[0], d.shape[1] // 8
     for g in prange(G):
+        shift = np.empty(nb * 8, np.float32)  # d * (z - 128) of the group's blocks, once for all its rows
+        for b in range(nb):
+            o = g * nb * 8 + 8 * b
+            store(shift, 8 * b, vmul(vsub(u8_to_f32(load_u8x8(z, o)), np.float32(128)), load_f16x8(d, o)))
         for m in range(M):
-            acc = zero_f32x8()
-            for b in range(nb):
-                o = g * nb * 8 + 8 * b
-                shift = vmul(vsub(u8_to_f32(load_u8x8(z, o)), np.float32(128)), load_f16x8(d, o))
-                acc = muladd(acc, shift, xs32[m, b])
+            # four chains over the blocks (one chain waited on each add's latency), summed in a fixed order
+            a0, a1, a2, a3 = zero_f32x8(), zero_f32x8(), zero_f32x8(), zero_f32x8()
+            for b in range(0, nb - nb % 4, 4):
+                a0 = muladd(a0, load_f32x8(shift, 8 * b), xs32[m, b])
+                a1 = muladd(a1, load_f32x8(shift, 8 * b + 8), xs32[m, b + 1])
+                a2 = muladd(a2, load_f32x8(shift, 8 * b + 16), xs32[m, b + 2])
+                a3 = muladd(a3, load_f32x8(shift, 8 * b + 24), xs32[m, b + 3])
+            for b in range(nb - nb % 4, nb):
+                a0 = muladd(a0, load_f32x8(shift, 8 * b), xs32[m, b])
+            acc = vadd(vadd(a0, a1), vadd(a2, a3))
             for r in range(min(8, N - 8 * g)):
                 out[m, 8 * g + r] -= lane(acc, r)
 
