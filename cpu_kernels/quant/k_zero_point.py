@@ -19,6 +19,7 @@ from .simd import (CACHE, f16_to_f32, lane, load_f16x8, load_f32x8, load_strided
 
 @njit(cache=CACHE)
 def gemv_u8zp(q, d, z, x, out):
+    """The registry's gemv: Q8_0's over the unsigned bytes, then the zero points' share."""
     gemv_q8_0(q, d, x, out)
     add_zero_points(d, z, x, out)
 

@@ -179,7 +179,7 @@ def int_blocks(v: np.ndarray, d: np.ndarray, t, what: str) -> np.ndarray:
 
 def _u8_zp_blocks(v: np.ndarray, d: np.ndarray, what: str) -> np.ndarray:
     """Values v (N, nb, 32) spanning at most 255 per block, fp16 scales d (N, nb) -> U8_ZP rows: each block's zero point
-    z puts v + z in 0..255 (128 where it can: the kernels then add nothing for the block)."""
+    z puts v + z in 0..255 (128 where it can: the block's zero-point share in the GEMV is then 0)."""
     vmin, vmax = v.min(axis=-1), v.max(axis=-1)
     if (vmax - vmin > 255).any():
         raise ModelLoadError(f"{what}: values span more than 8 bits in a block (zero points out of range)")
