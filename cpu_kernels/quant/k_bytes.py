@@ -280,6 +280,12 @@ def q5_0_rows(qs, qh, w8, d, xq, xd, s, out, g, nb, high, m_start, m_end):
         store_rows(out, m, 8 * g, acc)
 
 
+@njit(cache=CACHE, inline="always")
+def q5_step(a, i, h, s, xd, dw, m, b):
+    """One row's block of a nibble pass: its two short accumulators, the offset start, times d * xd."""
+    return muladd(a, to_f32(vadd(splat_i32(s[m, b]), vadd(acc_i32(i), acc_i32(h)))), vmul(dw, xd[m, b]))
+
+
 @njit(cache=CACHE)
 def q5_0_five(qs, qh, w8, d, xq, xd, s, out, g, nb, high, m0):
     """nibble_passes' 4-row pass with a fifth row (rows m0..m0 + 4 over group g; wide.five_rows): the same integers
@@ -308,11 +314,11 @@ def q5_0_five(qs, qh, w8, d, xq, xd, s, out, g, nb, high, m0):
             h3 = dpbusd_acc(h3, hi, load_bcast4(xq, x0 + 3 * K + 16 + 4 * k))
             h4 = dpbusd_acc(h4, hi, load_bcast4(xq, x0 + 4 * K + 16 + 4 * k))
         dw = load_f16x8(d, (g * nb + b) * 8)
-        a0 = muladd(a0, to_f32(vadd(splat_i32(s[m0, b]), vadd(acc_i32(i0), acc_i32(h0)))), vmul(dw, xd[m0, b]))
-        a1 = muladd(a1, to_f32(vadd(splat_i32(s[m0 + 1, b]), vadd(acc_i32(i1), acc_i32(h1)))), vmul(dw, xd[m0 + 1, b]))
-        a2 = muladd(a2, to_f32(vadd(splat_i32(s[m0 + 2, b]), vadd(acc_i32(i2), acc_i32(h2)))), vmul(dw, xd[m0 + 2, b]))
-        a3 = muladd(a3, to_f32(vadd(splat_i32(s[m0 + 3, b]), vadd(acc_i32(i3), acc_i32(h3)))), vmul(dw, xd[m0 + 3, b]))
-        a4 = muladd(a4, to_f32(vadd(splat_i32(s[m0 + 4, b]), vadd(acc_i32(i4), acc_i32(h4)))), vmul(dw, xd[m0 + 4, b]))
+        a0 = q5_step(a0, i0, h0, s, xd, dw, m0, b)
+        a1 = q5_step(a1, i1, h1, s, xd, dw, m0 + 1, b)
+        a2 = q5_step(a2, i2, h2, s, xd, dw, m0 + 2, b)
+        a3 = q5_step(a3, i3, h3, s, xd, dw, m0 + 3, b)
+        a4 = q5_step(a4, i4, h4, s, xd, dw, m0 + 4, b)
     store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
     store_rows(out, m0 + 4, 8 * g, a4)
 
@@ -394,14 +400,10 @@ def nibble_passes(qs, qh, d, x_, out_, high):
                     h2 = dpbusd_acc(h2, hi, load_bcast4(xq, x0 + 2 * K + 16 + 4 * k))
                     h3 = dpbusd_acc(h3, hi, load_bcast4(xq, x0 + 3 * K + 16 + 4 * k))
                 dw = load_f16x8(d, (g * nb + b) * 8)
-                j0 = vadd(splat_i32(s[m0, b]), vadd(acc_i32(i0), acc_i32(h0)))
-                a0 = muladd(a0, to_f32(j0), vmul(dw, xd[m0, b]))
-                j1 = vadd(splat_i32(s[m0 + 1, b]), vadd(acc_i32(i1), acc_i32(h1)))
-                a1 = muladd(a1, to_f32(j1), vmul(dw, xd[m0 + 1, b]))
-                j2 = vadd(splat_i32(s[m0 + 2, b]), vadd(acc_i32(i2), acc_i32(h2)))
-                a2 = muladd(a2, to_f32(j2), vmul(dw, xd[m0 + 2, b]))
-                j3 = vadd(splat_i32(s[m0 + 3, b]), vadd(acc_i32(i3), acc_i32(h3)))
-                a3 = muladd(a3, to_f32(j3), vmul(dw, xd[m0 + 3, b]))
+                a0 = q5_step(a0, i0, h0, s, xd, dw, m0, b)
+                a1 = q5_step(a1, i1, h1, s, xd, dw, m0 + 1, b)
+                a2 = q5_step(a2, i2, h2, s, xd, dw, m0 + 2, b)
+                a3 = q5_step(a3, i3, h3, s, xd, dw, m0 + 3, b)
             store_rows4(out, m0, 8 * g, a0, a1, a2, a3)
         if five:
             q5_0_five(qs, qh, w8, d, xq, xd, s, out, g, nb, high, M - 5)

@@ -13,7 +13,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from . import (k_bytes, k_float, k_fp8, k_grid, k_iq4, k_kquants, k_kquants_x8, k_legacy, k_lowbit, k_mxfp4,
-               k_zero_point, repack)
+               k_q6_k_x8, k_zero_point, repack)
 from .qtypes import QUANT_SIZES, RamlmType, qtype
 from .simd import AMX
 from .wide import PAIR
@@ -96,7 +96,7 @@ FORMATS: dict[Q, QuantFormat] = {
                row_block=8, gemv_prefill=True, gemv_prefill_min_k=256 if WIDE_PREFILL else 0 if AMX else 4096),
         _quant(Q.Q5_K, ("qs", "qh", "sc", "mn", "d", "dmin"), repack.q5_k, k_kquants.gemv_q5_k,
                k_kquants.deq_q5_k),
-        _quant(Q.Q6_K, ("ql", "qh", "sc", "d"), repack.q6_k, k_kquants_x8.gemv_q6_k, k_kquants_x8.deq_q6_k,
+        _quant(Q.Q6_K, ("ql", "qh", "sc", "d"), repack.q6_k, k_q6_k_x8.gemv_q6_k, k_q6_k_x8.deq_q6_k,
                row_block=8, gemv_prefill=True, gemv_prefill_min_k=4096 if WIDE_PREFILL else 0),
         # gpt-oss's experts: Q5_0's kernel shape over fewer bytes (17 per 32 values against 22), so Q5_0's routing
         # of long chunks (not measured on MXFP4 itself).

@@ -268,7 +268,7 @@ def q5_k(raw):
 
 def q6_k(raw):
     """-> ql (G, K * 4), qh (G, K * 2), sc int8 (G, K / 2), d fp16 bits uint16 (G, K / 32): rows interleaved 8 by 8
-    (k_kquants_x8.py's layout). Value = d * sc * (q - 32)."""
+    (k_q6_k_x8.py's layout). Value = d * sc * (q - 32)."""
     from . import repack_fast
     return repack_fast.q6_k(_byte_rows(raw))
 

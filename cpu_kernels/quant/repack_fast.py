@@ -87,7 +87,7 @@ def q4_k(raw):
 
 
 def q6_k(raw):
-    """raw uint8 (N, ns * 210) -> repack.q6_k_numpy's arrays (k_kquants_x8's layout)."""
+    """raw uint8 (N, ns * 210) -> repack.q6_k_numpy's arrays (k_q6_k_x8's layout)."""
     ns = raw.shape[1] // 210
     out = _arrays(raw.shape[0], (ns * 1024, np.uint8, 0), (ns * 512, np.uint8, 0), (ns * 128, np.int8, 0),
                   (ns * 8, np.uint16, 0))

@@ -1,5 +1,5 @@
-"""512-bit int8 pieces for the GEMVs' two-group passes (q8_0_pair and q5_0_pair in k_bytes.py, q4_k_pair and
-q6_k_pair in k_kquants_x8.py): two 8-row groups side by side in one vector.
+"""512-bit int8 pieces for the GEMVs' two-group passes (q8_0_pair and q5_0_pair in k_bytes.py, q4_k_pair in
+k_kquants_x8.py, q6_k_pair in k_q6_k_x8.py): two 8-row groups side by side in one vector.
 
 One zmm vpdpbusd multiplies the same broadcast activation quad by both groups' quads, so a 4-row pass over two
 groups issues half the instructions of two passes over one (the 262144 x 640 Q8_0 output matrix at M = 16: 26-28
