@@ -12,11 +12,17 @@ from typing import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from . import (k_bytes, k_float, k_fp8, k_grid, k_iq4, k_kquants, k_kquants_x8, k_legacy, k_lowbit, k_mxfp4,
+from . import (k_bytes, k_float, k_fp8, k_grid, k_grid_pairs, k_iq4, k_kquants, k_kquants_x8, k_legacy, k_lowbit, k_mxfp4,
                k_q6_k_x8, k_zero_point, repack)
 from .qtypes import QUANT_SIZES, RamlmType, qtype
 from .simd import AMX
 from .wide import PAIR
+
+
+def _grid_gemv(t: Q):
+    """The GEMV of grid type t: k_grid_pairs' 512-bit one where the host has it, else k_grid's."""
+    name = "gemv_" + t.name.lower()
+    return getattr(k_grid_pairs, name) if PAIR and hasattr(k_grid_pairs, name) else getattr(k_grid, name)
 
 
 @dataclass(frozen=True)
@@ -108,9 +114,9 @@ FORMATS: dict[Q, QuantFormat] = {
         _quant(Q.IQ4_XS, ("qs", "sc", "d"), repack.iq4_xs, k_iq4.gemv_iq4_xs, k_iq4.deq_iq4_xs, row_block=8,
                gemv_prefill=True, gemv_prefill_min_k=32 if WIDE_PREFILL else 0),
         # llama.cpp's grid i-quants, ternary formats and NVFP4: the file's bytes, unpacked per 8-row group in each GEMV
-        # (k_grid.py); long chunks take the dense path.
-        *(_quant(t, ("w",), repack.grid_rows, getattr(k_grid, "gemv_" + t.name.lower()),
-                 getattr(k_grid, "deq_" + t.name.lower()), row_block=8)
+        # (k_grid.py; the IQ2/IQ3 types two blocks a 512-bit vector on AVX-512 VNNI hosts, k_grid_pairs.py); long
+        # chunks take the dense path.
+        *(_quant(t, ("w",), repack.grid_rows, _grid_gemv(t), getattr(k_grid, "deq_" + t.name.lower()), row_block=8)
           for t in (Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M, Q.TQ1_0, Q.TQ2_0,
                     Q.NVFP4)),
         # HF FP8 checkpoints: float activations, so long prompts take the dense path (bf16 tiles where native).
