@@ -7,7 +7,8 @@ row's super-blocks once and dots them with every activation row, an exact intege
 of their 16 values. The IQ1/IQ2/IQ3 types (SIGNED) build each 32-block's lattice magnitudes and +-1 signs as two
 vectors in registers (four table words each) and multiply the magnitudes by the activations with the signs applied
 (llama.cpp's way: vpdpbusd on unsigned magnitudes); TQ1_0, TQ2_0 and NVFP4 unpack a super-block into signed bytes +
-128 (one small unpacker per format, also what dequantizing reads) for Q8_0's dot (dot.dpbusd_q8).
+128 (one small unpacker per format, also what dequantizing reads) for Q8_0's dot (dot.dpbusd_q8). On AVX-512 VNNI
+hosts the IQ2/IQ3 types' GEMV is k_grid_pairs.py's (two blocks a 512-bit vector); the dequantizers stay here.
 
 Scales per 16 values cover every format: IQ2_XS, IQ2_S, IQ1_M, NVFP4 have them; the others repeat their per-32 or
 per-256 scale. IQ1's values g + delta (delta = +-1/8) are held as 8 g +- 1 with the scale divided by 8 (exact).

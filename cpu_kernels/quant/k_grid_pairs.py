@@ -1,12 +1,13 @@
 """The GEMV of the IQ2 and IQ3 grid i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S): two 32-value blocks a vector.
 
-Per pair of blocks: their 64 lattice magnitudes from table words (k_grid.signed_block), their 64 signs as one
-64-bit mask that negates the activations (a masked subtract), one 512-bit vpdpbusd, and the pair's 16 lane
-factors (each 16 values' scale times its activation block's scale) taken from one vector of the super-block's
-factors. The 7-bit sign fields of IQ2_XXS, IQ2_XS and IQ3_XXS (the eighth sign is their parity) become the mask in
-vector registers on hosts with AVX-512 VBMI and BITALG (vpmultishiftqb picks each sign's bit, vpopcntb the
-parity); elsewhere the same mask is built with scalar operations. Every row's sums are one chain in a fixed order,
-so any number of activation rows gives each row the bits of a single-row call.
+Per pair of blocks: their 64 lattice magnitudes from table words (8 or 16 words inserted into one vector), their 64
+signs as one 64-bit mask that negates the activations (a masked subtract), one 512-bit vpdpbusd, and the pair's 16
+lane factors (each 16 values' scale times its activation block's scale) taken from one vector of the super-block's
+factors, computed once per super-block in registers. The 7-bit sign fields of IQ2_XXS, IQ2_XS and IQ3_XXS (the
+eighth sign is their parity) become the mask in vector registers on hosts with AVX-512 VBMI and BITALG
+(vpmultishiftqb picks each sign's bit, vpopcntb the parity); elsewhere the same mask is built with scalar
+operations. Every row's sums are one chain in a fixed order, so any number of activation rows gives each row the
+bits of a single-row call. The registry uses these kernels on AVX-512 VNNI hosts (wide.PAIR), k_grid's elsewhere.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .grids import GRID_IQ3S
-from .k_grid import IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, TYPE_SIZE, half, ld16, signed_block
+from .grids import GRID_IQ2S, GRID_IQ3S, GRID_IQ3XXS
+from .k_grid import IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, TYPE_SIZE, half, signed_block
 from .q8act import quantize_act
 from .simd import (_I32, CACHE, HAS_VNNI, HOST_FEATURES, Vec, _make_load, concat, f32x16, hsum, load_f32x16, load_f32x8,
                    muladd, store, to_f32, vmul, zero_f32x16)
@@ -192,34 +193,40 @@ def quads(typingctx, v, p):
 
 
 @intrinsic
-def iq3_s_gather(typingctx, grid, raw, o, qh):
-    """u8x64: the IQ3_S table words of the 16 points whose low index bytes are raw[o:o + 16] and whose ninth bits
-    are qh's bits 0-15 (the qh bytes of two blocks)."""
-    if not (isinstance(raw, types.Array) and qh == types.uint16):
+def grid_words(typingctx, grid, raw, o, j, fmt):
+    """u8x64: the table words of 32-blocks j and j + 1 of the super-block at raw[o:] (fmt IQ2_S, IQ3_XXS or IQ3_S,
+    a literal): each point's index read from its bytes in memory (not cut out of loaded words: fewer operations for
+    these layouts) and its word inserted into the vector."""
+    if not (isinstance(fmt, types.IntegerLiteral) and fmt.literal_value in (IQ2_S, IQ3_XXS, IQ3_S)):
         return None
+    f = fmt.literal_value
 
     def codegen(context, builder, sig, args):
-        g, row, off, h = args
-        V = ir.VectorType(_I32, 16)
-        low = _load_vec(builder, context, sig.args[1], row, context.cast(builder, off, sig.args[2], types.int64),
-                        ir.VectorType(_I8, 16))
-        hv = builder.insert_element(ir.Constant(V, ir.Undefined), builder.zext(h, _I32), ir.Constant(_I32, 0))
-        hv = builder.shuffle_vector(hv, ir.Constant(V, ir.Undefined), ir.Constant(V, [0] * 16))
-        high = builder.shl(builder.and_(builder.lshr(hv, ir.Constant(V, list(range(16)))), ir.Constant(V, [1] * 16)),
-                           ir.Constant(V, [8] * 16))
-        idx = builder.or_(builder.zext(low, V), high)
+        g, row, off, jj = args[:4]
         data = context.make_array(sig.args[0])(context, builder, g).data
-        if HAS_VNNI:
-            words = _call(builder, "llvm.x86.avx512.mask.gather.dpi.512", V,
-                          [ir.Constant(V, None), builder.bitcast(data, _I8.as_pointer()), idx,
-                           ir.Constant(ir.VectorType(ir.IntType(1), 16), [1] * 16), ir.Constant(_I32, 4)])
-        else:
-            words = ir.Constant(V, ir.Undefined)
-            for k in range(16):
-                i = builder.extract_element(idx, ir.Constant(_I32, k))
-                words = builder.insert_element(words, builder.load(builder.gep(data, [i])), ir.Constant(_I32, k))
+        rd = context.make_array(sig.args[1])(context, builder, row).data
+        off = context.cast(builder, off, sig.args[2], types.int64)
+        jv = context.cast(builder, jj, sig.args[3], types.int64)
+
+        def u8(at):
+            return builder.zext(builder.load(builder.gep(rd, [at])), _I64)
+
+        def at(base_k, mult, k):  # o + base_k + mult * j + k
+            return builder.add(builder.add(off, builder.mul(jv, ir.Constant(_I64, mult))), ir.Constant(_I64, base_k + k))
+        n = 16 if f in (IQ3_XXS, IQ3_S) else 8  # IQ3: 4 values a point
+        words = ir.Constant(ir.VectorType(ir.IntType(32 if n == 16 else 64), n), ir.Undefined)
+        for k in range(n):
+            if f == IQ2_S:  # two high bits per index in qh byte j (or j + 1)
+                h = builder.and_(builder.lshr(u8(at(66, 1, k >> 2)), ir.Constant(_I64, 2 * (k & 3))), ir.Constant(_I64, 3))
+                i = builder.or_(u8(at(2, 4, k)), builder.shl(h, ir.Constant(_I64, 8)))
+            elif f == IQ3_XXS:
+                i = u8(at(2, 8, k))
+            else:  # IQ3_S: one high bit per index
+                h = builder.and_(builder.lshr(u8(at(66, 1, k >> 3)), ir.Constant(_I64, k & 7)), ir.Constant(_I64, 1))
+                i = builder.or_(u8(at(2, 8, k)), builder.shl(h, ir.Constant(_I64, 8)))
+            words = builder.insert_element(words, builder.load(builder.gep(data, [i])), ir.Constant(_I32, k))
         return builder.bitcast(words, ir.VectorType(_I8, 64))
-    return u8x64(grid, raw, o, qh), codegen
+    return u8x64(grid, raw, o, j, fmt), codegen
 
 
 FORMATS = (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S)
@@ -227,10 +234,14 @@ FORMATS = (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S)
 
 @njit(cache=CACHE, inline="always")
 def pair_mags(row, o, fmt, j):
-    """u8x64: the lattice magnitudes of 32-blocks j and j + 1 of the super-block at row[o:] (IQ3_S: one gather of
-    16 table words, its 9-bit indices built in a vector, where scalar index arithmetic cost more)."""
+    """u8x64: the lattice magnitudes of 32-blocks j and j + 1 of the super-block at row[o:]."""
+    if fmt == IQ2_S:
+        return grid_words(GRID_IQ2S, row, o, j, fmt)
+    if fmt == IQ3_XXS:
+        return grid_words(GRID_IQ3XXS, row, o, j, fmt)
     if fmt == IQ3_S:
-        return iq3_s_gather(GRID_IQ3S, row, o + 2 + 8 * j, ld16(row, o + 66 + j))
+        return grid_words(GRID_IQ3S, row, o, j, fmt)
+    # IQ2_XXS, IQ2_XS: indices cut from the two 8-byte block words already loaded cost less than reading them again
     return concat(signed_block(row, o, fmt, j)[0], signed_block(row, o, fmt, j + 1)[0])
 
 
@@ -298,6 +309,8 @@ def _make_gemv(fmt: int):
 
 
 gemv_iq2_xxs, gemv_iq2_xs, gemv_iq2_s, gemv_iq3_xxs, gemv_iq3_s = (_make_gemv(f) for f in FORMATS)
+
+
 
 
 

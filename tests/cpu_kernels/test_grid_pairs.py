@@ -54,16 +54,19 @@ def _scales_both(raw, fmt, ts, n, got, want):
         want[16 * i:16 * i + 16] = sc
 
 
-@njit
-def _iq3s_mags(raw, n, got, want):
-    vb = np.empty(64, np.uint8)
-    for i in range(n):
-        o = i * 110
-        for j in range(0, 8, 2):
-            store(got, 256 * i + 32 * j, kp.iq3_s_gather(kp.GRID_IQ3S, raw, o + 2 + 8 * j, k_grid.ld16(raw, o + 66 + j)))
-            store(vb, 0, k_grid.signed_block(raw, o, k_grid.IQ3_S, j)[0])
-            store(vb, 32, k_grid.signed_block(raw, o, k_grid.IQ3_S, j + 1)[0])
-            want[256 * i + 32 * j:256 * i + 32 * j + 64] = vb
+def _pair_mags_both(fmt):
+    """A kernel writing the pairs' magnitudes (fmt fixed, as in the GEMVs) and k_grid's per-block ones."""
+    @njit
+    def run(raw, ts, n, got, want):
+        vb = np.empty(64, np.uint8)
+        for i in range(n):
+            o = i * ts
+            for j in range(0, 8, 2):
+                store(got, 256 * i + 32 * j, kp.pair_mags(raw, o, fmt, j))
+                store(vb, 0, k_grid.signed_block(raw, o, fmt, j)[0])
+                store(vb, 32, k_grid.signed_block(raw, o, fmt, j + 1)[0])
+                want[256 * i + 32 * j:256 * i + 32 * j + 64] = vb
+    return run
 
 
 @pytest.mark.parametrize("t", [Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S])
@@ -75,8 +78,11 @@ def test_super_scales16(t):
     np.testing.assert_array_equal(got, want)
 
 
-def test_iq3_s_gather():
-    raw = _super_blocks(Q.IQ3_S)
+@pytest.mark.parametrize("t", [Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S])
+def test_pair_mags(t):
+    """The magnitudes a pair of blocks gets (table words read per point for IQ2_S and the IQ3 types) are k_grid's."""
+    fmt = getattr(k_grid, t.name)
+    raw = _super_blocks(t)
     got, want = np.empty(6 * 256, np.uint8), np.empty(6 * 256, np.uint8)
-    _iq3s_mags(raw, 6, got, want)
+    _pair_mags_both(fmt)(raw, k_grid.TYPE_SIZE[fmt], 6, got, want)
     np.testing.assert_array_equal(got, want)
