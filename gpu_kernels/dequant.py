@@ -182,7 +182,7 @@ def u8_zp(b: torch.Tensor) -> torch.Tensor:
 
 DEQUANT = {Q.Q4_0: q4_0, Q.Q4_1: q4_1, Q.Q5_0: q5_0, Q.Q5_1: q5_1, Q.Q8_0: q8_0, Q.Q2_K: q2_k,
            Q.Q3_K: q3_k, Q.Q4_K: q4_k, Q.Q5_K: q5_k, Q.Q6_K: q6_k, Q.MXFP4: mxfp4, Q.IQ4_NL: iq4_nl,
-           Q.IQ4_XS: iq4_xs, RamlmType.FP8_E4M3: fp8_e4m3, RamlmType.U8_ZP: u8_zp,
+           Q.IQ4_XS: iq4_xs, RamlmType.FP8_E4M3: fp8_e4m3, RamlmType.U8_ZP: u8_zp, RamlmType.Q8_A16: q8_0,
            **{getattr(Q, name.upper()): getattr(dequant_grid, name) for name in (
                "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m", "tq1_0", "tq2_0", "nvfp4")}}
 FLOAT_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}

@@ -24,7 +24,7 @@ MIB = 1 << 20
 DEVICE_PACKED_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
                                  "Q4_K", "Q5_K", "Q6_K", "MXFP4", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS",
                                  "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "NVFP4",
-                                 "FP8_E4M3", "U8_ZP"})
+                                 "FP8_E4M3", "U8_ZP", "Q8_A16"})
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 ATTN_SCRATCH = 256 * MIB   # gpu_kernels.attention.SCRATCH_BYTES
 # llama.cpp's --fit-ctx default: the least context `auto` keeps room for when --max-model-len was not chosen.

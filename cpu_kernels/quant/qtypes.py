@@ -21,12 +21,15 @@ class RamlmType(IntEnum):
     # fp16 scale d, a zero point z (uint8), then 32 unsigned values q; value = d * (q - z). q - z spans -255..255, more
     # than Q8_0's int8 holds, so the zero point stays in the block (8.75 bits a weight).
     U8_ZP = 1001
+    # Symmetric 8-bit weight-only HF checkpoints (GPTQ 8-bit, compressed-tensors W8A16): Q8_0's blocks, whose GEMV keeps
+    # the activations to 16-bit precision as vLLM's W8A16 kernels do (k_a16.py; U8_ZP's GEMV does the same).
+    Q8_A16 = 1002
 
 
 FP8_BLOCK = 128
 U8_ZP_BYTES = 35
 QUANT_SIZES: dict = {**GGML_QUANT_SIZES, RamlmType.FP8_E4M3: (FP8_BLOCK, 4 + FP8_BLOCK),
-                     RamlmType.U8_ZP: (32, U8_ZP_BYTES)}
+                     RamlmType.U8_ZP: (32, U8_ZP_BYTES), RamlmType.Q8_A16: GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0]}
 
 
 def qtype(t) -> GGMLQuantizationType | RamlmType:
@@ -73,4 +76,4 @@ def dequantize(raw: np.ndarray, t) -> np.ndarray:
         vals = (b[:, 3:].astype(np.float32) - b[:, 2:3].astype(np.float32)) * d
         return vals.reshape(*raw.shape[:-1], -1)
     import gguf
-    return gguf.quants.dequantize(raw, t)
+    return gguf.quants.dequantize(raw, GGMLQuantizationType.Q8_0 if t == RamlmType.Q8_A16 else t)

@@ -198,7 +198,7 @@ def quantize(ggml_type, w: np.ndarray) -> np.ndarray:
         return fp8_rows(w)
     if t == RamlmType.U8_ZP:
         return _u8_zp(w.reshape(-1, block)).reshape(N, -1)
-    if t == Q.Q8_0:  # gguf's quantizer, bit for bit, in parallel
+    if t in (Q.Q8_0, RamlmType.Q8_A16):  # gguf's quantizer, bit for bit, in parallel
         return q8_0_rows(w)
     if t == Q.Q4_K:  # _q4_k, bit for bit, in parallel
         return q4_k_rows(w)

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from . import (k_bytes, k_float, k_fp8, k_grid, k_grid_pairs, k_iq4, k_kquants, k_kquants_x8, k_legacy, k_lowbit, k_mxfp4,
+from . import (k_a16, k_bytes, k_float, k_fp8, k_grid, k_grid_pairs, k_iq4, k_kquants, k_kquants_x8, k_legacy, k_lowbit, k_mxfp4,
                k_q6_k_x8, k_zero_point, repack)
 from .qtypes import QUANT_SIZES, RamlmType, qtype
 from .simd import AMX
@@ -122,9 +122,12 @@ FORMATS: dict[Q, QuantFormat] = {
         # HF FP8 checkpoints: float activations, so long prompts take the dense path (bf16 tiles where native).
         _quant(RamlmType.FP8_E4M3, ("q", "d"), repack.fp8_e4m3, k_fp8.gemv_fp8, k_fp8.deq_fp8, row_block=8,
                int8_activations=False),
-        # Asymmetric 8-bit HF checkpoints: Q8_0's GEMV plus the zero points' share, so Q8_0's routing of long chunks.
-        _quant(RamlmType.U8_ZP, ("q", "d", "z"), repack.u8_zp, k_zero_point.gemv_u8zp, k_zero_point.deq_u8zp,
-               row_block=8, gemv_prefill=True, gemv_prefill_min_k=32 if WIDE_PREFILL else 0),
+        # 8-bit weight-only HF checkpoints: Q8_0's GEMV (asymmetric: plus the zero points' share) over activations kept
+        # to 16-bit precision (k_a16.py), Q8_0's routing of long chunks.
+        _quant(RamlmType.U8_ZP, ("q", "d", "z"), repack.u8_zp, k_a16.gemv_u8zp_a16, k_zero_point.deq_u8zp,
+               row_block=8, gemv_prefill=True, gemv_prefill_min_k=32 if WIDE_PREFILL else 0, int8_activations=False),
+        _quant(RamlmType.Q8_A16, ("q", "d"), repack.q8_0, k_a16.gemv_q8_a16, k_bytes.deq_q8_0, row_block=8,
+               gemv_prefill=True, gemv_prefill_min_k=32 if WIDE_PREFILL else 0, int8_activations=False),
     )
 }
 

@@ -9,13 +9,14 @@ outputs in the order 0, 2, 4, 6, 1, 3, 5, 7, `<name>.qzeros` (K / g, N / 8) like
 N); value = scale * (q - zero).
 Both become GGUF blocks holding the same numbers, exactly, run by those formats' kernels: symmetric 4-bit (every
 zero 8) as Q4_0 (fp16 d = the group's scale, q - 8: 4.5 bits a weight against the file's ~4.1), asymmetric 4-bit as
-Q5_0 (q - zero in -15..15 fits its 5-bit range: 5.5 bits), symmetric 8-bit as Q8_0, asymmetric 8-bit (q - zero in
--255..255) as ramlm's U8_ZP (Q8_0's bytes with a zero point per block: 8.75 bits). Groups must be whole 32-value blocks
-(32, 64, 128, ..., or -1: one group per row).
+Q5_0 (q - zero in -15..15 fits its 5-bit range: 5.5 bits), symmetric 8-bit as ramlm's Q8_A16 (Q8_0's blocks),
+asymmetric 8-bit (q - zero in -255..255) as ramlm's U8_ZP (Q8_0's bytes with a zero point per block: 8.75 bits); both
+8-bit types run with activations kept to 16-bit precision, as these weight-only (W8A16) checkpoints are meant to run.
+Groups must be whole 32-value blocks (32, 64, 128, ..., or -1: one group per row).
 compressed-tensors "pack-quantized" (llm-compressor's W4A16 / W8A16: `weight_packed` int32 (N, K / per) holding
 value + 2^(bits - 1) packed along the input dim, `weight_scale` (N, groups), `weight_zero_point` packed along the
-outputs when asymmetric) and "int-quantized" (W8A8: int8 `weight`, per-row `weight_scale`) go the same way (their
-dynamic per-token int8 activations are what Q8_0's kernels do per 32 values).
+outputs when asymmetric) and "int-quantized" (W8A8: int8 `weight`, per-row `weight_scale`, as Q8_0) go the same way
+(W8A8's dynamic per-token int8 activations are what Q8_0's kernels do per 32 values).
 Act-order (desc_act: a g_idx that is not k // group_size) holds each group's inputs scattered along K: the rows are
 built over the inputs sorted by group (act_order's permutation), where the groups are whole blocks again, and the
 model gathers its activations in that order before the matmul (WeightSource.in_perm, parts/linear.py); stacked MoE
@@ -163,7 +164,7 @@ def int_blocks(v: np.ndarray, d: np.ndarray, t, what: str) -> np.ndarray:
     N, nb = d.shape
     if t == RamlmType.U8_ZP:
         return _u8_zp_blocks(v, d, what)
-    lo, hi = {Q.Q4_0: (-8, 7), Q.Q5_0: (-16, 15), Q.Q8_0: (-128, 127)}[t]
+    lo, hi = {Q.Q4_0: (-8, 7), Q.Q5_0: (-16, 15), Q.Q8_0: (-128, 127), RamlmType.Q8_A16: (-128, 127)}[t]
     if v.min() < lo or v.max() > hi:
         raise ModelLoadError(f"{what}: values outside {t.name}'s {lo}..{hi} (zero points out of range)")
     if t == Q.Q4_0:  # d, then v + 8 of element j in the low nibble of byte j, element j + 16's in the high one

@@ -33,8 +33,8 @@ class IntScheme:
     def ggml_type(self):
         from gguf import GGMLQuantizationType as Q
         from cpu_kernels.quant.qtypes import RamlmType
-        if self.bits == 8:
-            return Q.Q8_0 if self.sym else RamlmType.U8_ZP
+        if self.bits == 8:  # int-quantized is W8A8 (int8 activations, as vLLM's); the others are weight-only (W8A16)
+            return (Q.Q8_0 if self.method == "ct-int" else RamlmType.Q8_A16) if self.sym else RamlmType.U8_ZP
         return Q.Q4_0 if self.sym else Q.Q5_0
 
 

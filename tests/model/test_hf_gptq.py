@@ -1,6 +1,6 @@
 """GPTQ (4- and 8-bit, symmetric and asymmetric; AutoGPTQ's layout), AWQ (4-bit gemm, AutoAWQ's layout) and
 compressed-tensors int HF checkpoints against transformers running the values the checkpoint decodes to; they load as
-the blocks holding the same numbers (Q4_0, Q5_0, Q8_0, and ramlm's U8_ZP for asymmetric 8-bit)."""
+the blocks holding the same numbers (Q4_0, Q5_0, Q8_0 for W8A8, ramlm's Q8_A16 and U8_ZP for weight-only 8-bit)."""
 from __future__ import annotations
 
 import os
@@ -15,7 +15,7 @@ from engine.errors import ModelLoadError
 from engine.model.hf_quant_writer import write_quantized_folder
 from engine.model.loader import load_model
 from engine.model.weights import open_weights
-from tests.model.test_architectures import PROMPTS, assert_quantized_close, run_batched, run_incremental
+from tests.model.test_architectures import PROMPTS, assert_quantized_close, rel_err, run_batched, run_incremental
 from tests.model.quant_folders import edited_copy, reference_folder
 from tests.model.tiny_models import hf_logits, tiny_model
 
@@ -23,8 +23,8 @@ CASES = [("llama", "gptq-4"), ("qwen3moe", "gptq-4"), ("qwen3", "gptq-8"), ("qwe
          ("llama", "gptq-4-actorder"), ("qwen3moe", "gptq-4-actorder"), ("qwen3", "ct-w4a16-actorder"),
          ("llama", "awq"), ("qwen3moe", "awq"), ("qwen3", "ct-w4a16"), ("qwen3moe", "ct-w4a16-asym"),
          ("llama", "ct-w8a16"), ("qwen3", "ct-w8a8"), ("qwen3moe", "gptq-8-asym"), ("llama", "ct-w8a16-asym")]
-TYPE = {"gptq-4": "Q4_0", "gptq-4-actorder": "Q4_0", "gptq-8": "Q8_0", "gptq-4-asym": "Q5_0", "awq": "Q5_0",
-        "ct-w4a16": "Q4_0", "ct-w4a16-actorder": "Q4_0", "ct-w4a16-asym": "Q5_0", "ct-w8a16": "Q8_0", "ct-w8a8": "Q8_0",
+TYPE = {"gptq-4": "Q4_0", "gptq-4-actorder": "Q4_0", "gptq-8": "Q8_A16", "gptq-4-asym": "Q5_0", "awq": "Q5_0",
+        "ct-w4a16": "Q4_0", "ct-w4a16-actorder": "Q4_0", "ct-w4a16-asym": "Q5_0", "ct-w8a16": "Q8_A16", "ct-w8a8": "Q8_0",
         "gptq-8-asym": "U8_ZP", "ct-w8a16-asym": "U8_ZP"}
 
 
@@ -52,13 +52,22 @@ def test_gptq_loads_as_blocks_of_the_same_numbers(gptq_folder):
     assert tensors[f"model.layers.1.self_attn.o_proj.{key}"].dtype == dtype
 
 
+# Weight-only 8-bit checkpoints: their types keep the activations to 16-bit precision (k_a16.py), so the logits are
+# those of the decoded weights within the issue's 2e-3; the other kernels round activations to int8 per 32 values, as
+# llama.cpp does (about 0.5 %), W8A8's as vLLM's per-token int8 activations do.
+W8A16 = ("gptq-8", "ct-w8a16", "gptq-8-asym", "ct-w8a16-asym")
+
+
 def test_gptq_matches_transformers_on_decoded_weights(gptq_folder):
-    """Q4_0/Q8_0's kernels round the activations to int8 per 32 values, as llama.cpp does (about 0.5 %)."""
     arch, scheme, path, refs = gptq_folder
     model, _ = load_model(path)
-    for got, ref in zip(run_batched(model, PROMPTS), refs):
-        assert_quantized_close(arch, got, ref)
-    assert_quantized_close(arch, run_incremental(model, PROMPTS[0], 6), refs[0])
+    got = run_batched(model, PROMPTS) + [run_incremental(model, PROMPTS[0], 6)]
+    if scheme in W8A16:
+        errs = [rel_err(g, r) for g, r in zip(got, refs + refs[:1])]
+        assert max(errs) < 2e-3, errs
+        return
+    for g, ref in zip(got, refs + refs[:1]):
+        assert_quantized_close(arch, g, ref)
 
 
 def test_asymmetric_8bit_runs_in_the_fused_decode_step(gptq_folder, monkeypatch):
