@@ -156,8 +156,7 @@ def super_scales16(typingctx, raw, o, fmt, d):
 
 @intrinsic
 def pair_blocks16(typingctx, v):
-    """f32x16 [v0 x 8, v1 x 8, ..., v7 x 8][0:16] per lane k: v[k >> 1] (a super-block's 8 block values over its 16
-    halves of 16 values)."""
+    """f32x16 whose lane k is v's lane k >> 1: a super-block's 8 per-block values over its 16 runs of 16 values."""
     if not (isinstance(v, Vec) and v.kind == "f32" and v.n == 8):
         return None
 
