@@ -171,7 +171,7 @@ def test_gemv_prefill_min_k_follows_the_host():
     K = 4096."""
     from cpu_kernels.quant.registry import AMX, WIDE_PREFILL
     want = ({Q.Q4_K: 256, Q.Q5_0: 32, Q.Q4_0: 32, Q.Q8_0: 32, Q.Q6_K: 4096, Q.MXFP4: 32, Q.IQ4_NL: 32,
-             Q.IQ4_XS: 32, RamlmType.U8_ZP: 32} if WIDE_PREFILL else {} if AMX
+             Q.IQ4_XS: 32, RamlmType.U8_ZP: 32, RamlmType.Q8_A16: 32} if WIDE_PREFILL else {} if AMX
             else {Q.Q4_K: 4096})
     got = {t: f.gemv_prefill_min_k for t, f in FORMATS.items() if f.gemv_prefill_min_k}
     assert got == want
