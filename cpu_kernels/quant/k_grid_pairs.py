@@ -14,25 +14,20 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .dot import _x86
 from .grids import GRID_IQ2S, GRID_IQ3S, GRID_IQ3XXS
 from .k_grid import IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, TYPE_SIZE, half, signed_block
 from .q8act import quantize_act
-from .simd import (_I32, CACHE, HAS_VNNI, HOST_FEATURES, Vec, _make_load, concat, f32x16, hsum, load_f32x16, load_f32x8,
-                   muladd, store, to_f32, vmul, zero_f32x16)
+from .simd import (_I32, CACHE, HAS_VNNI, HOST_FEATURES, Vec, _make_load, _make_zero, _ptr, concat, f32x16, hsum,
+                   load_f32x16, load_f32x8, muladd, store, to_f32, vmul, zero_f32x16)
 from .wide import dpbusd16, i32x16, load_u8x64, u8x64
 
 # Sign fields expanded by vpmultishiftqb / vpopcntb (Ice Lake, Zen 4 and later).
 VECTOR_SIGNS = HAS_VNNI and {"avx512vbmi", "avx512bitalg"} <= HOST_FEATURES
 _I8, _I64, _F32 = ir.IntType(8), ir.IntType(64), ir.FloatType()
 ld64 = _make_load(types.uint64, (types.uint8,))
-
-
-def _call(builder, name, ret, args):
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
-    return builder.call(fn, args)
 
 
 def _sign_bit_offsets(base: int, stride: int) -> list[int]:
@@ -59,17 +54,17 @@ def _make_ksign_mask(base0: int, base1: int, stride: int, vector: bool = VECTOR_
                 v = builder.insert_element(v, args[0], ir.Constant(_I32, 0))
                 v = builder.insert_element(v, args[1], ir.Constant(_I32, 4))
                 v = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 8), [0, 0, 0, 0, 4, 4, 4, 4]))
-                bits = _call(builder, "llvm.x86.avx512.pmultishift.qb.512", V,
+                bits = _x86(builder, "llvm.x86.avx512.pmultishift.qb.512", V,
                              [ir.Constant(V, [o & 63 for o in offs]), builder.bitcast(v, V)])
                 keep = ir.Constant(V, [0x7F if k & 7 == 7 else 1 for k in range(64)])
-                ones = _call(builder, "llvm.ctpop.v64i8", V, [builder.and_(bits, keep)])
+                ones = _x86(builder, "llvm.ctpop.v64i8", V, [builder.and_(bits, keep)])
                 odd = builder.icmp_unsigned("!=", builder.and_(ones, ir.Constant(V, [1] * 64)), ir.Constant(V, None))
                 return builder.bitcast(odd, _I64)
             mask = ir.Constant(_I64, 0)
             for h, (w, base) in enumerate(((args[0], base0), (args[1], base1))):
                 for f in range(4):
                     field = builder.and_(builder.lshr(w, ir.Constant(_I64, base + stride * f)), ir.Constant(_I64, 127))
-                    par = builder.and_(_call(builder, "llvm.ctpop.i64", _I64, [field]), ir.Constant(_I64, 1))
+                    par = builder.and_(_x86(builder, "llvm.ctpop.i64", _I64, [field]), ir.Constant(_I64, 1))
                     byte = builder.or_(field, builder.shl(par, ir.Constant(_I64, 7)))
                     mask = builder.or_(mask, builder.shl(byte, ir.Constant(_I64, 32 * h + 8 * f)))
             return mask
@@ -95,17 +90,13 @@ def negate_where(typingctx, x, mask):
     return u8x64(x, mask), codegen
 
 
-@intrinsic
-def zero_i32x16(typingctx):
-    def codegen(context, builder, sig, args):
-        return ir.Constant(ir.VectorType(_I32, 16), None)
-    return i32x16(), codegen
+zero_i32x16 = _make_zero(i32x16)
 
 
 def _load_vec(builder, context, arrty, arr, off, vt):
-    a = context.make_array(arrty)(context, builder, arr)
-    p = builder.gep(a.data, [context.cast(builder, off, types.int64, types.intp)])
-    return builder.load(builder.bitcast(p, vt.as_pointer()), align=1)
+    """The vt vector at byte off (int64) of a uint8 array, unaligned."""
+    return builder.load(_ptr(context, builder, arrty, arr, context.cast(builder, off, types.int64, types.intp), vt),
+                        align=1)
 
 
 @intrinsic
@@ -182,7 +173,7 @@ def quads(typingctx, v, p):
                                                  ir.Constant(V16, ir.Undefined), ir.Constant(V16, [0] * 16)),
                           ir.Constant(V16, [k >> 2 for k in range(16)]))
         if HAS_VNNI:  # one vpermps
-            return _call(builder, "llvm.x86.avx512.permvar.sf.512", vv.type, [vv, idx])
+            return _x86(builder, "llvm.x86.avx512.permvar.sf.512", vv.type, [vv, idx])
         out = ir.Constant(vv.type, ir.Undefined)
         for k in range(16):
             out = builder.insert_element(out, builder.extract_element(vv, builder.extract_element(
@@ -210,19 +201,22 @@ def grid_words(typingctx, grid, raw, o, j, fmt):
         def u8(at):
             return builder.zext(builder.load(builder.gep(rd, [at])), _I64)
 
+        def c(v):
+            return ir.Constant(_I64, v)
+
         def at(base_k, mult, k):  # o + base_k + mult * j + k
-            return builder.add(builder.add(off, builder.mul(jv, ir.Constant(_I64, mult))), ir.Constant(_I64, base_k + k))
+            return builder.add(builder.add(off, builder.mul(jv, c(mult))), c(base_k + k))
         n = 16 if f in (IQ3_XXS, IQ3_S) else 8  # IQ3: 4 values a point
         words = ir.Constant(ir.VectorType(ir.IntType(32 if n == 16 else 64), n), ir.Undefined)
         for k in range(n):
             if f == IQ2_S:  # two high bits per index in qh byte j (or j + 1)
-                h = builder.and_(builder.lshr(u8(at(66, 1, k >> 2)), ir.Constant(_I64, 2 * (k & 3))), ir.Constant(_I64, 3))
-                i = builder.or_(u8(at(2, 4, k)), builder.shl(h, ir.Constant(_I64, 8)))
+                h = builder.and_(builder.lshr(u8(at(66, 1, k >> 2)), c(2 * (k & 3))), c(3))
+                i = builder.or_(u8(at(2, 4, k)), builder.shl(h, c(8)))
             elif f == IQ3_XXS:
                 i = u8(at(2, 8, k))
             else:  # IQ3_S: one high bit per index
-                h = builder.and_(builder.lshr(u8(at(66, 1, k >> 3)), ir.Constant(_I64, k & 7)), ir.Constant(_I64, 1))
-                i = builder.or_(u8(at(2, 8, k)), builder.shl(h, ir.Constant(_I64, 8)))
+                h = builder.and_(builder.lshr(u8(at(66, 1, k >> 3)), c(k & 7)), c(1))
+                i = builder.or_(u8(at(2, 8, k)), builder.shl(h, c(8)))
             words = builder.insert_element(words, builder.load(builder.gep(data, [i])), ir.Constant(_I32, k))
         return builder.bitcast(words, ir.VectorType(_I8, 64))
     return u8x64(grid, raw, o, j, fmt), codegen
