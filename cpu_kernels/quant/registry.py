@@ -12,8 +12,8 @@ from typing import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from . import (k_a16, k_bytes, k_float, k_fp8, k_grid, k_grid_pairs, k_iq4, k_kquants, k_kquants_x8, k_legacy, k_lowbit, k_mxfp4,
-               k_q6_k_x8, k_zero_point, repack)
+from . import (k_a16, k_bytes, k_float, k_fp8, k_grid, k_grid_pairs, k_iq4, k_kquants, k_kquants_x8, k_legacy,
+               k_lowbit, k_mxfp4, k_q6_k_x8, k_zero_point, repack)
 from .qtypes import QUANT_SIZES, RamlmType, qtype
 from .simd import AMX
 from .wide import PAIR

@@ -24,7 +24,8 @@ CASES = [("llama", "gptq-4"), ("qwen3moe", "gptq-4"), ("qwen3", "gptq-8"), ("qwe
          ("llama", "awq"), ("qwen3moe", "awq"), ("qwen3", "ct-w4a16"), ("qwen3moe", "ct-w4a16-asym"),
          ("llama", "ct-w8a16"), ("qwen3", "ct-w8a8"), ("qwen3moe", "gptq-8-asym"), ("llama", "ct-w8a16-asym")]
 TYPE = {"gptq-4": "Q4_0", "gptq-4-actorder": "Q4_0", "gptq-8": "Q8_A16", "gptq-4-asym": "Q5_0", "awq": "Q5_0",
-        "ct-w4a16": "Q4_0", "ct-w4a16-actorder": "Q4_0", "ct-w4a16-asym": "Q5_0", "ct-w8a16": "Q8_A16", "ct-w8a8": "Q8_0",
+        "ct-w4a16": "Q4_0", "ct-w4a16-actorder": "Q4_0", "ct-w4a16-asym": "Q5_0", "ct-w8a16": "Q8_A16",
+        "ct-w8a8": "Q8_0",
         "gptq-8-asym": "U8_ZP", "ct-w8a16-asym": "U8_ZP"}
 
 
