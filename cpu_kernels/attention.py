@@ -38,6 +38,9 @@ _F1 = np.float32(1.0)
 _NEG_INF = np.float32(-np.inf)
 TILE_VECS = 32  # query vectors (rows x heads of a group) per tile: each K/V block is converted once per tile
 # (a 512-token prefill, 4 heads of 256 on one kv head: 5.6-6.4 ms at 8, 4.4-5.3 at 32; 2048 tokens 83-92 -> 71-74)
+ROW_GROUP = 8  # most items (kv heads x head chunks) of one decode row that walk its blocks together
+ROW_GROUP_MIN_KEYS = 2048  # ... and only past this many keys: a shorter context's K/V stay in cache between passes,
+# where the group's larger scratch only crowds L1
 
 
 # ---------------------------------------------------------------- write_kv
@@ -226,25 +229,10 @@ def _weighted_sum(acc, sc, nv, n, vbuf, use_bf16, pb, vb):
 
 # ---------------------------------------------------------------- paged attention
 @njit(**_JIT)
-def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, row_pos, scale, softcap,
-                 qbuf, kbuf, vbuf, acc, sc, m, l, use_bf16, qb, pb, kt_all, vb_all, cbase, sinks):
-    """out[t, h] for rows t0..t0+nr-1 of one sequence and heads h0..h0+nh-1 of kv head kvh.
-
-    Query vector v = (row v // nh, head v % nh). Each K/V block is converted once for the whole tile and
-    walked in position order with an online softmax (running max m, sum l); a row ignores the keys
-    outside its own range lo..p (weight exactly 0), so its result is the one it gets alone.
-    use_bf16: the scores and the weighted sum of V multiply bf16 roundings of q, K, V and the weights (sums in
-    float32; scratch qb, pb): about twice the products per instruction, for long prefill chunks. Their K/V blocks
-    were rounded once for the whole call (attention_blocks.bf16_plan): block b of kv head kvh is kt_all/vb_all[cbase + b * Hkv + kvh].
-    sinks: f32 (Hq,) per-head logits in the softmax's denominator only (gpt-oss), or (0,): the running max and
-    sum start at (sink, 1) instead of (-inf, 0), which is exp(sink - max) added to the sum at any later max.
-    """
-    D = q.shape[2]
-    BS = k_cache.shape[1]
-    Dp = qbuf.shape[1]  # scratch is 2-D, C-contiguous (flat index arithmetic with a runtime row length
-    # stops LLVM from vectorizing the scalar loops; the vector kernels compute their own offsets)
-    nv = nr * nh
-    for v in range(nv):
+def _tile_start(q, t0, nr, h0, nh, qbuf, acc, m, l, use_bf16, qb, sinks):
+    """A tile's query vectors into qbuf (and bf16 qb), its running sums acc, max m and sum l reset."""
+    D, Dp = q.shape[2], qbuf.shape[1]
+    for v in range(nr * nh):
         t, h = t0 + v // nh, h0 + v % nh
         for d in range(D):
             qbuf[v, d] = q[t, h, d]
@@ -255,37 +243,89 @@ def _attend_tile(q, k_cache, v_cache, out, t0, nr, h0, nh, kvh, bt_row, row_lo, 
         if use_bf16:
             for c in range(0, Dp, 32):
                 _bstore(qb, v * Dp + c, _bround(_vload(qbuf, v * Dp + c), _vload(qbuf, v * Dp + c + 16)))
+
+
+@njit(**_JIT)
+def _tile_keys(row_lo, row_pos, t0, nr):
+    """The first key any row of a tile sees and the last (its rows' lo and p)."""
     lo_min, p_max = row_lo[t0], row_pos[t0]
     for r in range(1, nr):
         lo_min, p_max = min(lo_min, row_lo[t0 + r]), max(p_max, row_pos[t0 + r])
-    for b in range(lo_min // BS, p_max // BS + 1):
-        blk = bt_row[b]
-        # Keys from the block's start (lane jj = key b * BS + jj, whatever the tile): the softmax's vector sums
-        # then pair the same keys in any tile. Keys before a row's lo are written ones, given weight 0.
-        j0 = b * BS
-        j1 = min(p_max + 1, (b + 1) * BS)
-        n = j1 - j0
-        if use_bf16:
-            ci = cbase + b * k_cache.shape[2] + kvh
-            kt, vb = kt_all[ci], vb_all[ci]
-        else:
-            KV.load_block(k_cache, v_cache, blk, kvh, n, kbuf, vbuf)
-            kt, vb = kt_all[0], vb_all[0]  # unused
-        _scores(qbuf, kbuf, nv, n, sc, use_bf16, qb, kt)
-        for r in range(nr):
-            ja, jb = max(row_lo[t0 + r], j0) - j0, min(row_pos[t0 + r] + 1, j1) - j0
-            h = 0
-            while h + 4 <= nh:  # a row's vectors four at a time (they share its keys)
-                SM.block_weights4(sc, r * nh + h, n, ja, jb, scale, softcap, m, l, acc)
-                h += 4
-            while h < nh:
-                SM.block_weights(sc, r * nh + h, n, ja, jb, scale, softcap, m, l, acc)
-                h += 1
-        _weighted_sum(acc, sc, nv, n, vbuf, use_bf16, pb, vb)
-    for v in range(nv):
+    return lo_min, p_max
+
+
+@njit(inline="always", **_JIT)  # per block of keys: a call's argument passing cost ~4 % of a decode row
+def _tile_block(k_cache, v_cache, b, blk, kvh, t0, nr, nh, p_max, row_lo, row_pos, scale, softcap, qbuf, kbuf, vbuf,
+                acc, sc, m, l, use_bf16, qb, pb, kt_all, vb_all, cbase):
+    """Block b (cache block blk) of a tile's keys folded into its query vectors' online softmax."""
+    BS = k_cache.shape[1]
+    nv = nr * nh
+    # Keys from the block's start (lane jj = key b * BS + jj, whatever the tile): the softmax's vector sums
+    # then pair the same keys in any tile. Keys before a row's lo are written ones, given weight 0.
+    j0 = b * BS
+    j1 = min(p_max + 1, (b + 1) * BS)
+    n = j1 - j0
+    if use_bf16:
+        ci = cbase + b * k_cache.shape[2] + kvh
+        kt, vb = kt_all[ci], vb_all[ci]
+    else:
+        KV.load_block(k_cache, v_cache, blk, kvh, n, kbuf, vbuf)
+        kt, vb = kt_all[0], vb_all[0]  # unused
+    _scores(qbuf, kbuf, nv, n, sc, use_bf16, qb, kt)
+    for r in range(nr):
+        ja, jb = max(row_lo[t0 + r], j0) - j0, min(row_pos[t0 + r] + 1, j1) - j0
+        h = 0
+        while h + 4 <= nh:  # a row's vectors four at a time (they share its keys)
+            SM.block_weights4(sc, r * nh + h, n, ja, jb, scale, softcap, m, l, acc)
+            h += 4
+        while h < nh:
+            SM.block_weights(sc, r * nh + h, n, ja, jb, scale, softcap, m, l, acc)
+            h += 1
+    _weighted_sum(acc, sc, nv, n, vbuf, use_bf16, pb, vb)
+
+
+@njit(**_JIT)
+def _tile_finish(out, t0, nr, h0, nh, acc, l):
+    """The tile's outputs: each query vector's weighted sum over its softmax's sum."""
+    for v in range(nr * nh):
         t, h = t0 + v // nh, h0 + v % nh
-        for d in range(D):
+        for d in range(out.shape[2]):
             out[t, h, d] = acc[v, d] / l[v]
+
+
+@njit(**_JIT)
+def _attend_items(q, k_cache, v_cache, out, items, i0, i1, G, hc, bt_row, row_lo, row_pos, scale, softcap, qbuf, kbuf,
+                  vbuf, acc, sc, m, l, use_bf16, qb, pb, kt_all, vb_all, cbase, sinks):
+    """out[t, h] for the tiles of plan items i0..i1-1, which share their rows t0..t0+nr-1 of one sequence: each
+    item's query heads h0..h0+nh-1 of its kv head, in scratch of its own (qbuf[g], acc[g], m[g], l[g], qb[g]).
+
+    Query vector v = (row v // nh, head v % nh). The blocks are walked once, in position order, each K/V block
+    converted once per item and folded into an online softmax (running max m, sum l); a row ignores the keys
+    outside its own range lo..p (weight exactly 0), so its result is the one it gets alone. Several items (a long
+    decode row's kv heads: _row_run) read each block's rows of all their kv heads, adjacent in the cache, together
+    instead of in one pass over the context per kv head; each item's arithmetic, so its bits, stay the same.
+    use_bf16: the scores and the weighted sum of V multiply bf16 roundings of q, K, V and the weights (sums in
+    float32; scratch qb, pb): about twice the products per instruction, for long prefill chunks. Their K/V blocks
+    were rounded once for the whole call (attention_blocks.bf16_plan): block b of kv head kvh is kt_all/vb_all[cbase + b * Hkv + kvh].
+    sinks: f32 (Hq,) per-head logits in the softmax's denominator only (gpt-oss), or (0,): the running max and
+    sum start at (sink, 1) instead of (-inf, 0), which is exp(sink - max) added to the sum at any later max.
+    """
+    BS = k_cache.shape[1]
+    t0, nr = items[i0, 0], items[i0, 1]
+    for g in range(i1 - i0):
+        sp, kvh = items[i0 + g, 4], items[i0 + g, 3]
+        _tile_start(q, t0, nr, kvh * G + sp * hc, min(G, (sp + 1) * hc) - sp * hc, qbuf[g], acc[g], m[g], l[g],
+                    use_bf16, qb[g], sinks)
+    lo_min, p_max = _tile_keys(row_lo, row_pos, t0, nr)
+    for b in range(lo_min // BS, p_max // BS + 1):
+        for g in range(i1 - i0):
+            sp, kvh = items[i0 + g, 4], items[i0 + g, 3]
+            _tile_block(k_cache, v_cache, b, bt_row[b], kvh, t0, nr, min(G, (sp + 1) * hc) - sp * hc, p_max, row_lo,
+                        row_pos, scale, softcap, qbuf[g], kbuf, vbuf, acc[g], sc, m[g], l[g], use_bf16, qb[g], pb,
+                        kt_all, vb_all, cbase)
+    for g in range(i1 - i0):
+        sp, kvh = items[i0 + g, 4], items[i0 + g, 3]
+        _tile_finish(out, t0, nr, kvh * G + sp * hc, min(G, (sp + 1) * hc) - sp * hc, acc[g], l[g])
 
 
 @njit(**_JIT)
@@ -351,38 +391,59 @@ def _plan(q, k_cache, query_start_loc, seq_lens, block_tables, sliding_window, n
 
 
 @njit(**_JIT)
+def _row_run(items, it, hi, row_pos):
+    """The end of the run of items from it that are one decode row's (one row, one sequence, at least
+    ROW_GROUP_MIN_KEYS keys), at most ROW_GROUP."""
+    e = it + 1
+    if items[it, 1] != 1 or row_pos[items[it, 0]] + 1 < ROW_GROUP_MIN_KEYS:
+        return e
+    while (e < hi and e - it < ROW_GROUP and items[e, 1] == 1 and items[e, 0] == items[it, 0]
+           and items[e, 2] == items[it, 2]):
+        e += 1
+    return e
+
+
+@njit(**_JIT)
 def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo, items, lo, hi, hc, out, seq_bf16,
               cbase, kt_all, vb_all, sinks):
-    """The items lo:hi of a plan, with scratch for the largest tile among them (decode: one row). Items of the
-    sequences s with seq_bf16[s] != 0 run in bf16 (an empty seq_bf16: none) on the blocks of attention_blocks.bf16_plan."""
+    """The items lo:hi of a plan, with scratch for the largest tile among them (decode: one row; a long decode row's
+    items, its kv heads, walk its blocks together: _attend_items). Items of the sequences s with
+    seq_bf16[s] != 0 run in bf16 (an empty seq_bf16: none) on the blocks of attention_blocks.bf16_plan."""
     D, G, BS = q.shape[2], q.shape[1] // k_cache.shape[2], k_cache.shape[1]
     Dp = (D + 31) // 32 * 32
     BS4 = (BS + 3) // 4 * 4
     nr_max = 1
+    ng = 1  # scratch sets: the longest decode row run
     any_bf16 = False
-    for it in range(lo, hi):
-        nr_max = max(nr_max, items[it, 1])
-        any_bf16 = any_bf16 or (seq_bf16.shape[0] > 0 and seq_bf16[items[it, 2]] != 0)
+    it = lo
+    while it < hi:
+        e = _row_run(items, it, hi, row_pos)
+        ng = max(ng, e - it)
+        for i in range(it, e):
+            nr_max = max(nr_max, items[i, 1])
+            any_bf16 = any_bf16 or (seq_bf16.shape[0] > 0 and seq_bf16[items[i, 2]] != 0)
+        it = e
     nvmax = (nr_max * hc + 3) // 4 * 4
-    qbuf = np.zeros((nvmax, Dp), np.float32)
+    qbuf = np.zeros((ng, nvmax, Dp), np.float32)
     kbuf = np.zeros((BS4, Dp), np.float32)
     vbuf = np.zeros((BS, Dp), np.float32)
-    acc = np.zeros((nvmax, Dp), np.float32)
+    acc = np.zeros((ng, nvmax, Dp), np.float32)
     W = (BS + 15) // 16 * 16  # whole 16-lane chunks (the softmax's vectors)
     sc = np.zeros((nvmax, W), np.float32)
-    m = np.zeros(nvmax, np.float32)
-    l = np.zeros(nvmax, np.float32)
+    m = np.zeros((ng, nvmax), np.float32)
+    l = np.zeros((ng, nvmax), np.float32)
     nb16 = nvmax if any_bf16 else 0  # bf16 scratch (attention_bf16's layouts) only where a tile uses it
-    qb = np.zeros((nb16, Dp), np.uint16)
+    qb = np.zeros((ng, nb16, Dp), np.uint16)
     pb = np.zeros((nb16, (W + 31) // 32 * 32), np.uint16)
-    for it in range(lo, hi):
-        sp, kvh, s = items[it, 4], items[it, 3], items[it, 2]
-        h0 = kvh * G + sp * hc
-        nh = min(G, (sp + 1) * hc) - sp * hc
+    it = lo
+    while it < hi:
+        e = _row_run(items, it, hi, row_pos)
+        s = items[it, 2]
         use_bf16 = seq_bf16.shape[0] > 0 and seq_bf16[s] != 0
-        _attend_tile(q, k_cache, v_cache, out, items[it, 0], items[it, 1], h0, nh, kvh, block_tables[s],
-                     row_lo, row_pos, np.float32(scale), np.float32(softcap), qbuf, kbuf, vbuf, acc, sc, m, l,
-                     use_bf16, qb, pb, kt_all, vb_all, cbase[s] if use_bf16 else 0, sinks)
+        _attend_items(q, k_cache, v_cache, out, items, it, e, G, hc, block_tables[s], row_lo, row_pos,
+                      np.float32(scale), np.float32(softcap), qbuf, kbuf, vbuf, acc, sc, m, l, use_bf16, qb, pb,
+                      kt_all, vb_all, cbase[s] if use_bf16 else 0, sinks)
+        it = e
 
 
 @njit(**_JIT)

@@ -1,4 +1,4 @@
-"""The bf16 stages of paged attention's tiles (attention._attend_tile with use_bf16): scores and the weighted sum
+"""The bf16 stages of paged attention's tiles (attention._attend_items with use_bf16): scores and the weighted sum
 of V from bf16 roundings of q, K, V and the softmax weights, float32 sums (bf16x32._bdot: vdpbf16ps).
 
 Taken by long prefill chunks where the dense matmuls run in bf16 too (EngineArgs.prefill_dtype). A row's

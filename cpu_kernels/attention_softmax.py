@@ -1,5 +1,5 @@
 """The online softmax of paged attention's tiles: one block of keys' scores -> weights, folded into each query
-vector's running max and sum (attention._attend_tile calls it per block).
+vector's running max and sum (attention._tile_block calls it per block).
 
 Whole 16-lane chunks of a row (explicit vectors: scalar loops over a block's <= 16 keys stayed scalar, LLVM
 vectorizing only whole multiples of its wider step), keys outside a row's range get exactly 0, and a fixed

@@ -277,6 +277,22 @@ def test_rows_invariant_to_chunking_and_threads(hq, hkv, bs):
     assert all(np.array_equal(o, whole[44:]) for o in outs)
 
 
+@pytest.mark.parametrize("cache_dtype", [np.float16, "q8_0"], ids=["f16", "q8_0"])
+def test_long_decode_rows_walk_their_kv_heads_together(cache_dtype):
+    """Past ROW_GROUP_MIN_KEYS a decode row's kv heads walk its blocks together (one plan run): the rows still match
+    dense attention, and a row gets the bits it gets as one of a prefill chunk's rows (a tile per kv head)."""
+    ctx = A.ROW_GROUP_MIN_KEYS + 37
+    b = make_batch([(ctx, 2), (ctx - 5, 1), (40, 1)], 8, 4, 32, 16, cache_dtype, seed=7)
+    out = run(b, 0.2)
+    np.testing.assert_allclose(out, reference(b, 0.2), rtol=1e-4, atol=1e-5)
+    last = Batch(b.q[1:2], b.k_cache, b.v_cache, np.array([0, 1], np.int32), b.seq_lens[:1], b.block_tables[:1],
+                 b.keys[:1], b.values[:1])
+    assert np.array_equal(run(last, 0.2), out[1:2])
+    items = np.array([[0, 1, 0, h, 0] for h in range(4)] + [[1, 1, 1, 0, 0]], np.int64)
+    assert A._row_run(items, 0, 5, np.array([ctx - 1, 0], np.int64)) == 4  # the row's 4 kv heads, not the next row
+    assert A._row_run(items, 0, 5, np.array([39, 0], np.int64)) == 1  # a short context: one kv head at a time
+
+
 @njit
 def _sums_both_ways(x):
     """Each row's lane sum by _vhsum, and by _vhsum4_store four rows at a time."""
