@@ -64,10 +64,13 @@ def main(argv=None) -> None:
                 tok = int(np.argmax(logits[-1]))
             if r:  # round 0 compiles and warms
                 times[name].append(a.gen_tokens / (time.perf_counter() - t0))
-    figures = {name: {"tok_s": median(t), "runs": t} for name, t in times.items()}
     base = a.dtypes.split(",")[0]
+    # each round's ratio to the first dtype's run beside it: the host's speed swings between rounds, less within one
+    figures = {name: {"tok_s": median(t), "runs": t,
+                      "round_ratio": median([x / y for x, y in zip(t, times[base])])} for name, t in times.items()}
     print(f"{a.model}: decode at depth {a.depth}, {a.gen_tokens} tokens: " + ", ".join(
-        f"{name} {f['tok_s']:.2f} tok/s ({f['tok_s'] / figures[base]['tok_s']:.2f}x)" for name, f in figures.items()))
+        f"{name} {f['tok_s']:.2f} tok/s ({f['tok_s'] / figures[base]['tok_s']:.2f}x; median of rounds' ratios "
+        f"{f['round_ratio']:.2f}x)" for name, f in figures.items()))
     print(f"wrote {write_result('kv-depth', figures, vars(a))}")
 
 
