@@ -53,7 +53,8 @@ def gemm_peak(dtype: str, n: int = 2048, repeats: int = 7) -> float:
 
 def _int8_kernel():
     from cpu_kernels.quant.dot import dpbusd
-    from cpu_kernels.quant.simd import load_u8x32, splat_i32, store, to_f32, vadd
+    from cpu_kernels.quant.simd import load_u8x32, store, to_f32, vadd
+    from cpu_kernels.quant.simd_lanes import splat_i32
 
     @njit(parallel=True)
     def chains(w, n, nthreads, out):

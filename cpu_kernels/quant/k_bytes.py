@@ -25,9 +25,9 @@ from numba import njit, prange
 
 from .q8act import quantize_act
 from .dot import Q8_OFFSET, acc_i32, dpbusd_acc, dpbusd_q8, zero_acc
-from .simd import (CACHE, PREFETCH_AHEAD, bits_to_bytes, concat, f16_to_f32, i8_to_f32, lane, load_bcast4, load_f16x8,
-                   load_strided4, load_strided4x4, load_u8x32, muladd, prefetch, splat_i32, store, to_f32, vadd, vand,
-                   vmul, vor, vshl, vshr, vsub, zero_f32x8, zero_f32x16)
+from .simd import (CACHE, PREFETCH_AHEAD, bits_to_bytes, concat, f16_to_f32, i8_to_f32, load_f16x8, load_u8x32, muladd,
+                   prefetch, store, to_f32, vadd, vand, vmul, vor, vshl, vshr, vsub, zero_f32x8, zero_f32x16)
+from .simd_lanes import lane, load_bcast4, load_strided4, load_strided4x4, splat_i32
 from .wide import (byte_pair_passes, dpbusd16, five_rows, load_bcast4x16, pair_units, pass_rows, rows_back,
                    splat_i32x16, store16x4, three_as_four, unit_group)
 

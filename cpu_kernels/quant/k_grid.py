@@ -24,8 +24,9 @@ from .dot import Q8_OFFSET, dpbusd, dpbusd_q8
 from .grids import (GRID_IQ1_NEG_MAG, GRID_IQ1_NEG_SGN, GRID_IQ1_POS_MAG, GRID_IQ1_POS_SGN, GRID_IQ2S, GRID_IQ2XS,
                     GRID_IQ2XXS, GRID_IQ3S, GRID_IQ3XXS, KSIGN_PM, SIGN_PM)
 from .q8act import quantize_act
-from .simd import (CACHE, _make_load, f16_to_f32, hsum, i8_to_f32, lanes2, load_f32x8, load_i32x8, load_u8x8,
-                   load_u8x32, muladd, pair16, store, to_f32, u8x32, vmul, vshl, vsub, zero_f32x8, zero_i32x8)
+from .simd import (CACHE, _make_load, f16_to_f32, hsum, i8_to_f32, load_f32x8, load_i32x8, load_u8x8, load_u8x32,
+                   muladd, store, to_f32, u8x32, vmul, vshl, vsub, zero_f32x8, zero_i32x8)
+from .simd_lanes import lanes2, pair16
 
 IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0, NVFP4 = range(10)
 TYPE_SIZE = (66, 74, 82, 98, 110, 50, 56, 54, 66, 36)  # bytes per super-block, in the order above

@@ -22,9 +22,9 @@ from .dot import Q8_OFFSET, dpbusd_q8
 from .k_bytes import block_offsets, store_rows, store_rows4
 from .k_mxfp4 import code_table
 from .q8act import quantize_act
-from .simd import (CACHE, PREFETCH_AHEAD, concat, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_strided4x4,
-                   load_u8x8, load_u8x32, muladd, prefetch, splat_i32, store, to_f32, vadd, vand, vmul, vshr, vsub,
-                   zero_f32x8)
+from .simd import (CACHE, PREFETCH_AHEAD, concat, f16_to_f32, i8_to_f32, load_f16x8, load_u8x8, load_u8x32, muladd,
+                   prefetch, store, to_f32, vadd, vand, vmul, vshr, vsub, zero_f32x8)
+from .simd_lanes import load_bcast4, load_strided4x4, splat_i32
 from .wide import byte_pair_passes, pair_units, unit_group
 
 KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's kvalues_iq4nl

@@ -19,9 +19,10 @@ from .q8act import quantize_act
 from .dot import acc_i32, dpbusd_acc, zero_acc
 from .wide import (dpbusd16, five_rows, load_bcast4x16, load_u8x64, pair_units, pass_rows, rows_back,
                    splat_i32x16, store16x4, three_as_four, unit_group)
-from .simd import (CACHE, PREFETCH_AHEAD_L2, concat, f16_to_f32, load_bcast4, load_f16x8, load_f32x16, load_strided4,
-                   load_u8x8, load_u8x32, muladd, prefetch_l2, store, to_f32, u8_to_f32, vadd, vand, vmul, vshr, vsub,
-                   zero_f32x8, zero_f32x16)
+from .simd import (CACHE, PREFETCH_AHEAD_L2, concat, f16_to_f32, load_f16x8, load_f32x16, load_u8x8, load_u8x32,
+                   muladd, prefetch_l2, store, to_f32, u8_to_f32, vadd, vand, vmul, vshr, vsub, zero_f32x8,
+                   zero_f32x16)
+from .simd_lanes import load_bcast4, load_strided4
 
 # From this many activation rows q4_k_pair unpacks both groups' nibbles to bytes once, not in every 4-row pass (M = 512:
 # ~8 % faster; at M = 8-16 the unpacked copy cost 5-10 %).

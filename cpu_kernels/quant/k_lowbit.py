@@ -10,9 +10,9 @@ from numba import njit, prange
 
 from .q8act import quantize_act
 from .dot import dpbusd
-from .simd import (CACHE, hsum, i8_to_f32, lanes2, load_dup2, load_f32x16, load_i32x8, load_u8x16, load_u8x32,
-                   load_u8x8, muladd, pair16, store, to_f32, u8_to_f32, vand, vmul, vor, vshl, vshr, vsub, zero_f32x16,
-                   zero_f32x8, zero_i32x8)
+from .simd import (CACHE, hsum, i8_to_f32, load_f32x16, load_i32x8, load_u8x16, load_u8x32, load_u8x8, muladd, store,
+                   to_f32, u8_to_f32, vand, vmul, vor, vshl, vshr, vsub, zero_f32x16, zero_f32x8, zero_i32x8)
+from .simd_lanes import lanes2, load_dup2, pair16
 
 
 @njit(cache=CACHE)

@@ -25,9 +25,9 @@ from numba.extending import intrinsic
 from .dot import _x86, acc_i32, dpbusd_acc, zero_acc
 from .k_bytes import block_offsets, store_rows, store_rows4
 from .q8act import quantize_act
-from .simd import (_I32, _ptr, CACHE, HAS_AVX2, HAS_VNNI, PREFETCH_AHEAD, concat, f32x8, i8_to_f32, load_bcast4,
-                   load_strided4x4, load_u8x32, muladd, prefetch, splat_i32, store, to_f32, u8x32, vadd, vand,
-                   vmul, vshr, vsub, zero_f32x8)
+from .simd import (_I32, _ptr, CACHE, HAS_AVX2, HAS_VNNI, PREFETCH_AHEAD, concat, f32x8, i8_to_f32, load_u8x32, muladd,
+                   prefetch, store, to_f32, u8x32, vadd, vand, vmul, vshr, vsub, zero_f32x8)
+from .simd_lanes import load_bcast4, load_strided4x4, splat_i32
 from .wide import byte_pair_passes, pair_units, unit_group
 
 KVALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)  # ggml's kvalues_mxfp4

@@ -12,9 +12,9 @@ from .k_kquants import q6k_group
 from .q8act import quantize_act
 from .dot import dpbusd7
 from .wide import dpbusd16, load_bcast4x16, load_u8x64, pair_units, pass_rows, splat_i32x16, store16x4, unit_group
-from .simd import (CACHE, PREFETCH_AHEAD_L2, concat, f16_to_f32, i8_to_f32, load_bcast4, load_f16x8, load_f32x8,
-                   load_f32x16, load_strided4, load_u8x8, load_u8x32, muladd, pair16, prefetch_l2, splat_i32, store,
-                   to_f32, vmul, vsub, zero_f32x8, zero_f32x16)
+from .simd import (CACHE, PREFETCH_AHEAD_L2, concat, f16_to_f32, i8_to_f32, load_f16x8, load_f32x8, load_f32x16,
+                   load_u8x8, load_u8x32, muladd, prefetch_l2, store, to_f32, vmul, vsub, zero_f32x8, zero_f32x16)
+from .simd_lanes import load_bcast4, load_strided4, pair16, splat_i32
 
 
 # Q6_K -------------------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ from numba import njit, prange
 
 from .k_bytes import gemv_q8_0
 from .q8act import quantize_act
-from .simd import (CACHE, f16_to_f32, lane, load_f16x8, load_f32x8, load_strided4, load_u8x8, muladd, store, u8_to_f32,
-                   vadd, vmul, vsub, zero_f32x8)
+from .simd import (CACHE, f16_to_f32, load_f16x8, load_f32x8, load_u8x8, muladd, store, u8_to_f32, vadd, vmul, vsub,
+                   zero_f32x8)
+from .simd_lanes import lane, load_strided4
 
 
 @njit(cache=CACHE)

@@ -15,8 +15,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .dot import _dpbusd_generic
-from .simd import (_I32, CACHE, HAS_VNNI, Vec, _make_load, _make_load_bcast4, _make_splat_i32, load_f32x16, muladd,
-                   store, to_f32, vmul, zero_f32x16)
+from .simd import (_I32, CACHE, HAS_VNNI, Vec, _make_load, load_f32x16, muladd, store, to_f32, vmul, zero_f32x16)
+from .simd_lanes import _make_load_bcast4, _make_splat_i32
 
 # Two-group passes from this many activation rows: at M = 4 the single-group kernel was faster (9.2 vs 10.1 ms
 # on the output matrix), from M = 8 the pair (11.2 vs 13.1 ms; M = 32 28.4 vs 41.2).
