@@ -16,7 +16,8 @@ every projection, the embedding and the output matrix (those two where they are 
 engine/lora/gguf_lora.write in llama.cpp's GGUF LoRA layout, applied by llama.cpp (lora_path) and compared with
 PEFT's logits. An encoder (tests/model/tiny_models.ENCODERS) is written with a BERT WordPiece vocabulary in
 llama.cpp's phantom-space layout and embeds texts in llama.cpp (its own tokenizer, CLS pooling), against
-transformers' CLS rows. Writes JSON to bench/results/.
+transformers' CLS rows (XLM-RoBERTa with a SentencePiece Unigram vocabulary in llama.cpp's "t5" layout, and
+llama.cpp's token ids against transformers'). Writes JSON to bench/results/.
 """
 from __future__ import annotations
 
@@ -100,34 +101,44 @@ def check_arch(arch: str, folder: Path, mtp: bool = False, lora: bool = False) -
 ENCODER_TEXTS = ["the cat sat on the mat", "a big red house", "dogs ran far away"]  # no [UNK]: id 1 is RoBERTa's pad
 
 
+XLMR_TEXTS = ["hello world caf\u00e9", "  the quick\tbrown \ufb01 fox", "\uff46\uff55\uff4c\uff4c width \u6771\u4eac",
+              "na\u00efve r\u00e9sum\u00e9 \u00fcber stra\u00dfe"]  # NFKC forms, whitespace runs, accents, CJK
+
+
 def check_encoder(arch: str, folder: Path) -> dict:
-    """llama.cpp's CLS embeddings of texts (its tokenizer over the GGUF's vocabulary) against transformers'."""
+    """llama.cpp's CLS embeddings of texts (its tokenizer over the GGUF's vocabulary) against transformers'; XLM-R
+    with its SentencePiece Unigram vocabulary as llama.cpp's converter writes it ("t5"), the others WordPiece; the
+    token ids of llama.cpp's tokenizer against transformers' too."""
     import gguf
     import llama_cpp
     import torch
     from engine.model.gguf_export import write_gguf
     from tests.engine.test_bert_pooling import save_wordpiece
     from tests.model.test_bert import tiny_encoder
-    from tests.model.tiny_models import float_tensors, wordpiece_gguf_metadata
+    from tests.model.tiny_models import (float_tensors, save_sentencepiece, unigram_gguf_metadata,
+                                         wordpiece_gguf_metadata)
     hf = tiny_encoder(arch)
     hf.save_pretrained(folder, safe_serialization=True)
-    tok = save_wordpiece(folder)
+    tok = save_sentencepiece(folder) if arch == "xlm-roberta" else save_wordpiece(folder)
     config, tensors = float_tensors(folder)
     path = str(folder / f"{arch}.gguf")
-    write_gguf(path, config, tensors, lambda name, shape: gguf.GGMLQuantizationType.F32,
-               tokenizer_metadata=wordpiece_gguf_metadata(tok))
+    keys = (unigram_gguf_metadata(folder, config.vocab_size) if arch == "xlm-roberta"
+            else wordpiece_gguf_metadata(tok))
+    write_gguf(path, config, tensors, lambda name, shape: gguf.GGMLQuantizationType.F32, tokenizer_metadata=keys)
     try:
         llm = llama_cpp.Llama(path, n_ctx=64, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_CLS,
                               verbose=False, n_threads=2)
     except Exception as e:  # noqa: BLE001 (the load error is the result)
         return {"arch": arch, "mtp_layers": 0, "loads": False, "error": str(e)}
-    errs = []
-    for text in ENCODER_TEXTS:
+    errs, same_ids = [], True
+    for text in XLMR_TEXTS if arch == "xlm-roberta" else ENCODER_TEXTS:
+        same_ids &= llm.tokenize(text.encode(), add_bos=True, special=False) == tok(text)["input_ids"]
         got = np.asarray(llm.embed(text, normalize=False), np.float64).reshape(-1)
         with torch.no_grad():
             ref = hf(**tok(text, return_tensors="pt")).last_hidden_state[0, 0].double().numpy()
         errs.append(float(np.abs(got - ref).max() / np.abs(ref).max()))
-    return {"arch": arch, "mtp_layers": 0, "loads": True, "rel_err": max(errs), "what": "CLS embeddings"}
+    return {"arch": arch, "mtp_layers": 0, "loads": True, "rel_err": max(errs), "same_token_ids": bool(same_ids),
+            "what": "CLS embeddings"}
 
 
 def check_gemma_embedding(folder: Path) -> dict:
@@ -208,6 +219,9 @@ def main(argv=None) -> None:
             what = r.get("what", "logits")
             print(f"{arch}{' + MTP' if r['mtp_layers'] else ''}: " + (f"loads, {what} within {r['rel_err']:.1e} of transformers" if r["loads"]
                                   else f"does not load: {r['error']}"))
+            if "same_token_ids" in r:
+                print(f"{arch}: llama.cpp's token ids of the texts {'equal' if r['same_token_ids'] else 'differ from'} "
+                      "transformers' tokenizer's")
             if "lora_loads" in r:
                 print(f"{arch} + GGUF LoRA: " + (f"llama.cpp's logits within {r['lora_rel_err']:.1e} of PEFT's"
                                                  if r["lora_loads"] else f"does not load: {r['lora_error']}"))

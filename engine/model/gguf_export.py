@@ -131,6 +131,8 @@ def _add_kv(w: gguf.GGUFWriter, key: str, value) -> None:
         w.add_float32(key, value)
     elif isinstance(value, str):
         w.add_string(key, value)
+    elif isinstance(value, (bytes, bytearray)):  # a uint8 array (tokenizer.ggml.precompiled_charsmap)
+        w.add_array(key, bytes(value))
     else:
         w.add_array(key, list(value) if not isinstance(value, list) else value)
 

@@ -21,6 +21,11 @@ llama.cpp's on the reference prompts, without transformers' ~20 s:
   [bracketed] specials as they are); it is spelled back for a WordPiece model behind BERT's normalizer (lower case,
   accents stripped, as llama.cpp's WPM always does) and pre-tokenizer; [CLS] (the BOS id) $A [SEP] and, for pairs,
   $B:1 [SEP]:1 (the separator id) as BERT's template.
+- tokenizer.ggml.model == "t5" (llama.cpp's UGM: SentencePiece's Unigram, as its converter writes XLM-RoBERTa's
+  sentencepiece.bpe.model for bge-m3 / multilingual-E5): a Unigram model over the file's pieces and scores, text
+  normalized by the file's precompiled_charsmap (SentencePiece's NFKC rules), words split at whitespace
+  (remove_extra_whitespaces) each with "▁" in front (add_space_prefix), as transformers' XLM-RoBERTa tokenizer; BOS
+  $A EOS as the file's flags ask, pairs BOS $A EOS SEP $B EOS (llama-server's rerank input, transformers' pair).
 - CONTROL tokens (type 3) become special added tokens (matched whole in text, skipped by
   decode(skip_special_tokens=True)); USER_DEFINED tokens (type 4) become plain added tokens (matched whole,
   kept on decode).
@@ -38,7 +43,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
-from tokenizers.models import BPE, WordPiece
+from tokenizers.models import BPE, Unigram, WordPiece
 
 from cpu_kernels import envs
 from engine.errors import ModelLoadError
@@ -164,9 +169,11 @@ def build_tokenizer_json(metadata: Mapping[str, Any]) -> str:
         tok, vocab_tokens, merges, alphabet = _gemma4(metadata, tokens)
     elif model == "bert":
         tok, vocab_tokens, merges, alphabet = _wordpiece(metadata, tokens)
+    elif model == "t5":
+        tok, vocab_tokens, merges, alphabet = _unigram(metadata, tokens)
     else:
         raise ModelLoadError(f"tokenizer.ggml.model {model!r} is not supported (supported: llama, gpt2, gemma4, "
-                             "bert)")
+                             "bert, t5)")
 
     vocab = {t: i for i, t in enumerate(vocab_tokens)}
     special_ids = {i for i, ty in enumerate(types) if ty == CONTROL}
@@ -185,10 +192,12 @@ def build_tokenizer_json(metadata: Mapping[str, Any]) -> str:
         elif model == "gemma4" and t and not t.strip("\n"):  # a newline run that is a token stays whole
             added.append(_added(i, t, special=False))
 
-    if model != "bert":  # _wordpiece set BERT's template
+    if model not in ("bert", "t5"):  # _wordpiece and _unigram set their templates
         _set_post_processor(tok, metadata, tokens)
     doc = json.loads(tok.to_str())
     doc["added_tokens"] = added
+    if model == "t5":  # Unigram's vocabulary is its (piece, score) list, set by _unigram
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
     doc["model"]["vocab"] = vocab
     if model == "bert":
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
@@ -324,6 +333,35 @@ def _wordpiece(metadata, tokens):
             single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
             special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
     return tok, vocab_tokens, [], None
+
+
+def _unigram(metadata, tokens):
+    """SentencePiece's Unigram from llama.cpp's UGM ("t5") keys (see the module docstring)."""
+    scores = metadata.get("tokenizer.ggml.scores")
+    if scores is None or len(scores) != len(tokens):
+        raise ModelLoadError("t5 (Unigram) GGUF tokenizer without one tokenizer.ggml.scores entry per token")
+    unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
+    tok = Tokenizer(Unigram([(t, float(sc)) for t, sc in zip(tokens, scores)],
+                            unk_id=int(unk_id) if isinstance(unk_id, int) else None, byte_fallback=False))
+    charsmap = metadata.get("tokenizer.ggml.precompiled_charsmap")
+    if charsmap is not None and len(charsmap):
+        tok.normalizer = normalizers.Precompiled(bytes(bytearray(int(b) & 0xFF for b in charsmap)))
+    prepend = "always" if metadata.get("tokenizer.ggml.add_space_prefix", False) else "never"
+    meta = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend, split=True)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), meta])
+                         if metadata.get("tokenizer.ggml.remove_extra_whitespaces", False) else meta)
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)
+    ids = {k: metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "seperator")}
+    flags = {k: bool(metadata.get(f"tokenizer.ggml.add_{k}_token", d)) and isinstance(ids[i], int)
+             for k, i, d in (("bos", "bos", False), ("eos", "eos", True), ("sep", "seperator", False))}
+    if flags["bos"] or flags["eos"]:  # llama.cpp's UGM defaults: no BOS, EOS
+        single = ("[BOS]:0 " if flags["bos"] else "") + "$A:0" + (" [EOS]:0" if flags["eos"] else "")
+        pair = single + (" [SEP]:0" if flags["sep"] else "") + " $B:0" + (" [EOS]:0" if flags["eos"] else "")
+        special = [{"id": f"[{n}]", "ids": [ids[k]], "tokens": [tokens[ids[k]]]}
+                   for n, k, f in (("BOS", "bos", "bos"), ("EOS", "eos", "eos"), ("SEP", "seperator", "sep"))
+                   if flags[f]]
+        tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
+    return tok, tokens, [], None
 
 
 def _set_post_processor(tok: Tokenizer, metadata, tokens) -> None:

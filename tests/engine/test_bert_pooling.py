@@ -110,6 +110,35 @@ def test_a_gguf_in_llama_cpps_layout_embeds_with_its_wordpiece_and_pooling(bert,
         assert np.abs(np.asarray(out.outputs.embedding) - want).max() < tol
 
 
+UNIGRAM_TEXTS = ["hello world caf\u00e9", "  the quick\tbrown \ufb01 fox  ", "\uff26\uff55\uff4c\uff4c width \u2460 \u6771\u4eac!",
+                 "na\u00efve r\u00e9sum\u00e9 \u00fcber stra\u00dfe", "Unseen CAPITALS", ""]
+
+
+def test_a_gguf_in_llama_cpps_xlm_roberta_layout_tokenizes_and_embeds(tmp_path):
+    """An XLM-RoBERTa GGUF with the tokenizer keys llama.cpp's converter writes from sentencepiece.bpe.model (model
+    "t5": Unigram pieces and scores, the NFKC charsmap, fairseq's realigned ids; bge-m3 and multilingual-E5 ship so):
+    the ids of transformers' tokenizer for texts (full-width forms, ligatures, whitespace runs, pieces unknown to it, an empty one) and
+    pairs (<s> a </s></s> b </s>), decoding back, and transformers' CLS vectors."""
+    from engine.model.gguf_export import write_gguf
+    from tests.model.tiny_models import float_tensors, save_sentencepiece, unigram_gguf_metadata
+    hf = tiny_encoder("xlm-roberta")
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    tok = save_sentencepiece(tmp_path)
+    config, tensors = float_tensors(tmp_path)
+    path = str(tmp_path / "xlmr.gguf")
+    write_gguf(path, config, tensors, tokenizer_metadata=unigram_gguf_metadata(tmp_path, config.vocab_size))
+    llm = LLM(model=path, **KW)
+    mine = llm.get_tokenizer()
+    for text in UNIGRAM_TEXTS:
+        assert mine.encode(text) == tok(text)["input_ids"], text
+    assert len(tok(UNIGRAM_TEXTS[2])["input_ids"]) > 8  # NFKC made words of the full-width letters
+    assert mine.encode_pair(TEXTS[0], UNIGRAM_TEXTS[3])[0] == tok(TEXTS[0], UNIGRAM_TEXTS[3])["input_ids"]
+    assert mine.decode(mine.encode(UNIGRAM_TEXTS[3]), skip_special_tokens=True) == UNIGRAM_TEXTS[3]
+    for text, out in zip(UNIGRAM_TEXTS[:4], llm.embed(UNIGRAM_TEXTS[:4], use_tqdm=False)):
+        want = torch.nn.functional.normalize(_hidden(hf, tok, text)[0], dim=0).numpy()
+        assert np.abs(np.asarray(out.outputs.embedding) - want).max() < 2e-3
+
+
 @pytest.mark.parametrize("prefill", ["bfloat16", "int8"])
 def test_long_prompts_in_the_fast_prefill_precisions(bert, prefill):
     """Prompts longer than the GEMV rows run the dense path: bf16 GEMMs (the default where native) or W8A8 int8 ones;

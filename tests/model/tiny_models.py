@@ -180,6 +180,60 @@ def wordpiece_gguf_metadata(tok) -> dict:
             "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True}
 
 
+def save_sentencepiece(folder, vocab_size: int = 250):
+    """XLM-RoBERTa's tokenizer file beside a tiny model: a SentencePiece Unigram model (SentencePiece's defaults, as
+    XLM-R's: NFKC charsmap, unk 0, bos 1, eos 2, extra whitespace removed) trained on random words with accents and
+    CJK, saved as sentencepiece.bpe.model; returns transformers' tokenizer of the folder (fairseq ids: <s> <pad> </s>
+    <unk>, the pieces from spm id 3 shifted by one, <mask> last)."""
+    import io
+    import json
+    import random
+
+    import sentencepiece as spm
+    import transformers
+    rng = random.Random(0)
+    alpha = "abcdefghijklmnopqrstuvwxyz\u00e4\u00f6\u00fc\u00e9\u00e8\u00df\u00e7\u00f1\u6771\u4eac\u30bf\u30ef"
+    words = ["".join(rng.choice(alpha) for _ in range(rng.randint(2, 9))) for _ in range(400)]
+    words += "the quick brown fox caf\u00e9 na\u00efve r\u00e9sum\u00e9 stra\u00dfe \u00fcber hello world".split()
+    lines = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(4000)]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
+                                   model_type="unigram", character_coverage=1.0, num_threads=1,
+                                   minloglevel=2)
+    (folder / "sentencepiece.bpe.model").write_bytes(model.getvalue())
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer"}))
+    return transformers.AutoTokenizer.from_pretrained(folder)
+
+
+def unigram_gguf_metadata(folder, vocab_size: int) -> dict:
+    """The tokenizer keys llama.cpp's converter writes for XLM-RoBERTa from folder's sentencepiece.bpe.model
+    (conversion/bert.py, _xlmroberta_set_vocab, and gguf's SpecialVocab): model "t5", vocab_size entries ([PADi],
+    UNUSED, score -10000 where the model has none), the first four realigned to fairseq's <s> <pad> </s> <unk>
+    (CONTROL x 3, UNKNOWN) and the pieces from spm id 3 after them, the model's add_dummy_prefix,
+    remove_extra_whitespaces and precompiled_charsmap, BOS / EOS / SEP added (the <s> $A </s> </s> $B </s> template)."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    raw = (folder / "sentencepiece.bpe.model").read_bytes()
+    proto = pb.ModelProto()
+    proto.ParseFromString(raw)
+    sp = spm.SentencePieceProcessor(model_proto=raw)
+    n = max(vocab_size, sp.vocab_size())
+    tokens, scores, types = [f"[PAD{i}]" for i in range(n)], [-10000.0] * n, [5] * n
+    for i in range(sp.vocab_size()):
+        tokens[i], scores[i] = sp.IdToPiece(i), sp.GetScore(i)
+        types[i] = 2 if sp.IsUnknown(i) else 3 if sp.IsControl(i) else 5 if sp.IsUnused(i) else 6 if sp.IsByte(i) else 1
+    tokens = ["<s>", "<pad>", "</s>", "<unk>"] + tokens[3:-1]
+    return {"tokenizer.ggml.model": "t5", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": [0.0] * 4 + scores[3:-1], "tokenizer.ggml.token_type": [3, 3, 3, 2] + types[3:-1],
+            "tokenizer.ggml.add_space_prefix": proto.normalizer_spec.add_dummy_prefix,
+            "tokenizer.ggml.remove_extra_whitespaces": proto.normalizer_spec.remove_extra_whitespaces,
+            "tokenizer.ggml.precompiled_charsmap": bytes(proto.normalizer_spec.precompiled_charsmap),
+            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.unknown_token_id": 3,
+            "tokenizer.ggml.seperator_token_id": 2, "tokenizer.ggml.padding_token_id": 1,
+            "tokenizer.ggml.mask_token_id": sp.vocab_size() + 1, "tokenizer.ggml.add_bos_token": True,
+            "tokenizer.ggml.add_eos_token": True, "tokenizer.ggml.add_sep_token": True}
+
+
 def save_tiny_tokenizer(folder, vocab_size: int = 256) -> None:
     """A real word-level tokenizer.json of vocab_size tokens ("t0".."tN", t1 = EOS) beside a tiny model, so that
     LLM(model=folder) loads it like any HF folder."""
