@@ -254,7 +254,7 @@ def _tile_keys(row_lo, row_pos, t0, nr):
     return lo_min, p_max
 
 
-@njit(inline="always", **_JIT)  # per block of keys: a call's argument passing cost ~4 % of a decode row
+@njit(inline="always", **_JIT)  # called per block of keys, where passing ~25 arrays shows
 def _tile_block(k_cache, v_cache, b, blk, kvh, t0, nr, nh, p_max, row_lo, row_pos, scale, softcap, qbuf, kbuf, vbuf,
                 acc, sc, m, l, use_bf16, qb, pb, kt_all, vb_all, cbase):
     """Block b (cache block blk) of a tile's keys folded into its query vectors' online softmax."""
@@ -306,26 +306,33 @@ def _attend_items(q, k_cache, v_cache, out, items, i0, i1, G, hc, bt_row, row_lo
     instead of in one pass over the context per kv head; each item's arithmetic, so its bits, stay the same.
     use_bf16: the scores and the weighted sum of V multiply bf16 roundings of q, K, V and the weights (sums in
     float32; scratch qb, pb): about twice the products per instruction, for long prefill chunks. Their K/V blocks
-    were rounded once for the whole call (attention_blocks.bf16_plan): block b of kv head kvh is kt_all/vb_all[cbase + b * Hkv + kvh].
+    were rounded once for the whole call (attention_blocks.bf16_plan): block b of kv head kvh is
+    kt_all/vb_all[cbase + b * Hkv + kvh].
     sinks: f32 (Hq,) per-head logits in the softmax's denominator only (gpt-oss), or (0,): the running max and
     sum start at (sink, 1) instead of (-inf, 0), which is exp(sink - max) added to the sum at any later max.
     """
     BS = k_cache.shape[1]
     t0, nr = items[i0, 0], items[i0, 1]
     for g in range(i1 - i0):
-        sp, kvh = items[i0 + g, 4], items[i0 + g, 3]
-        _tile_start(q, t0, nr, kvh * G + sp * hc, min(G, (sp + 1) * hc) - sp * hc, qbuf[g], acc[g], m[g], l[g],
-                    use_bf16, qb[g], sinks)
+        h0, nh = _item_heads(items, i0 + g, G, hc)
+        _tile_start(q, t0, nr, h0, nh, qbuf[g], acc[g], m[g], l[g], use_bf16, qb[g], sinks)
     lo_min, p_max = _tile_keys(row_lo, row_pos, t0, nr)
     for b in range(lo_min // BS, p_max // BS + 1):
         for g in range(i1 - i0):
-            sp, kvh = items[i0 + g, 4], items[i0 + g, 3]
-            _tile_block(k_cache, v_cache, b, bt_row[b], kvh, t0, nr, min(G, (sp + 1) * hc) - sp * hc, p_max, row_lo,
-                        row_pos, scale, softcap, qbuf[g], kbuf, vbuf, acc[g], sc, m[g], l[g], use_bf16, qb[g], pb,
-                        kt_all, vb_all, cbase)
+            nh = _item_heads(items, i0 + g, G, hc)[1]
+            _tile_block(k_cache, v_cache, b, bt_row[b], items[i0 + g, 3], t0, nr, nh, p_max, row_lo, row_pos, scale,
+                        softcap, qbuf[g], kbuf, vbuf, acc[g], sc, m[g], l[g], use_bf16, qb[g], pb, kt_all, vb_all,
+                        cbase)
     for g in range(i1 - i0):
-        sp, kvh = items[i0 + g, 4], items[i0 + g, 3]
-        _tile_finish(out, t0, nr, kvh * G + sp * hc, min(G, (sp + 1) * hc) - sp * hc, acc[g], l[g])
+        h0, nh = _item_heads(items, i0 + g, G, hc)
+        _tile_finish(out, t0, nr, h0, nh, acc[g], l[g])
+
+
+@njit(**_JIT)
+def _item_heads(items, i, G, hc):
+    """Plan item i's first query head and head count: chunk items[i, 4] (of hc heads) of kv head items[i, 3]'s G."""
+    sp = items[i, 4]
+    return items[i, 3] * G + sp * hc, min(G, (sp + 1) * hc) - sp * hc
 
 
 @njit(**_JIT)
@@ -424,6 +431,8 @@ def _run_part(q, k_cache, v_cache, block_tables, scale, softcap, row_pos, row_lo
             any_bf16 = any_bf16 or (seq_bf16.shape[0] > 0 and seq_bf16[items[i, 2]] != 0)
         it = e
     nvmax = (nr_max * hc + 3) // 4 * 4
+    # an item's scratch is a 2-D C-contiguous [g] (flat index arithmetic with a runtime row length stops LLVM from
+    # vectorizing the scalar loops; the vector kernels compute their own offsets)
     qbuf = np.zeros((ng, nvmax, Dp), np.float32)
     kbuf = np.zeros((BS4, Dp), np.float32)
     vbuf = np.zeros((BS, Dp), np.float32)
