@@ -340,9 +340,12 @@ def _unigram(metadata, tokens):
     scores = metadata.get("tokenizer.ggml.scores")
     if scores is None or len(scores) != len(tokens):
         raise ModelLoadError("t5 (Unigram) GGUF tokenizer without one tokenizer.ggml.scores entry per token")
-    unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
-    tok = Tokenizer(Unigram([(t, float(sc)) for t, sc in zip(tokens, scores)],
-                            unk_id=int(unk_id) if isinstance(unk_id, int) else None, byte_fallback=False))
+
+    def token_id(key, default=None):  # an id the file names, or llama.cpp's UGM default where it names none
+        i = metadata.get(f"tokenizer.ggml.{key}_token_id", default)
+        return i if isinstance(i, int) and 0 <= i < len(tokens) else None
+    tok = Tokenizer(Unigram([(t, float(sc)) for t, sc in zip(tokens, scores)], unk_id=token_id("unknown", 2),
+                            byte_fallback=False))
     charsmap = metadata.get("tokenizer.ggml.precompiled_charsmap")
     if charsmap is not None and len(charsmap):
         tok.normalizer = normalizers.Precompiled(bytes(bytearray(int(b) & 0xFF for b in charsmap)))
@@ -351,8 +354,8 @@ def _unigram(metadata, tokens):
     tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), meta])
                          if metadata.get("tokenizer.ggml.remove_extra_whitespaces", False) else meta)
     tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)
-    ids = {k: metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "seperator")}
-    flags = {k: bool(metadata.get(f"tokenizer.ggml.add_{k}_token", d)) and isinstance(ids[i], int)
+    ids = {"bos": token_id("bos"), "eos": token_id("eos", 1), "seperator": token_id("seperator")}
+    flags = {k: bool(metadata.get(f"tokenizer.ggml.add_{k}_token", d)) and ids[i] is not None
              for k, i, d in (("bos", "bos", False), ("eos", "eos", True), ("sep", "seperator", False))}
     if flags["bos"] or flags["eos"]:  # llama.cpp's UGM defaults: no BOS, EOS
         single = ("[BOS]:0 " if flags["bos"] else "") + "$A:0" + (" [EOS]:0" if flags["eos"] else "")

@@ -284,6 +284,20 @@ def test_missing_or_unknown_tokenizer_metadata_raises():
         build_tokenizer_json({"tokenizer.ggml.model": "rwkv", "tokenizer.ggml.tokens": ["a"]})
 
 
+def test_unigram_gguf_without_ids_takes_llama_cpps_ugm_defaults():
+    """A "t5" file that names no special ids or add flags: llama.cpp's UGM defaults (EOS = 1 added, no BOS, unknown
+    = 2); no scores is a load error."""
+    tokens = ["<pad>", "</s>", "<unk>", "\u2581a", "\u2581ab", "b", "\u2581"]
+    md = {"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": [0, 0, 0, -1.0, -1.5,
+          -2.0, -3.0], "tokenizer.ggml.token_type": [CONTROL, CONTROL, 2, NORMAL, NORMAL, NORMAL, NORMAL],
+          "tokenizer.ggml.add_space_prefix": True, "tokenizer.ggml.remove_extra_whitespaces": True}
+    tok = Backend.from_str(build_tokenizer_json(md))
+    assert tok.encode("ab  abb").ids == [4, 4, 5, 1]  # "▁ab" beats "▁a" "b"; the run of spaces is one split
+    assert tok.encode("a z").ids == [3, 6, 2, 1]  # z: no piece, the unknown id
+    with pytest.raises(ModelLoadError, match="scores"):
+        build_tokenizer_json({**md, "tokenizer.ggml.scores": [0.0]})
+
+
 # ---------------------------------------------------------------- HF folders
 
 def test_from_hf_folder(tmp_path):
