@@ -1,24 +1,18 @@
-"""The vector steps of the FP8_E4M3 kernels (k_fp8.py): e4m3 bytes widened exactly, two ways.
+"""The vector steps of the FP8_E4M3 kernels (k_fp8.py) shared by both hosts' paths.
 
 - load_e4m3x16 (any x86-64 with F16C): 16 bytes sign-extended to 16 bits and shifted left by 7 put a byte's sign in
   bit 15 (a copy in bit 14 is masked off) and its exponent and mantissa in float16's fields; float16's exponent bias
   is 15 where e4m3's is 7, so the lanes hold value / 256 (subnormals included), widened by vcvtph2ps.
-- e4m3_bf16x64 (AVX-512 VBMI and BF16 hosts): 64 bytes through two 128-entry byte tables (vpermi2b: the low and high
-  byte of each magnitude's bfloat16, value / 256 exact, e4m3 subnormals being normal bfloat16 numbers), the sign
-  or-ed in, then interleaved into two vectors of 32 bfloat16 for vdpbf16ps. The interleave follows vpunpck{l,h}bw's
-  128-bit lanes: vector A holds elements 0-7, 16-23, 32-39, 48-55, vector B the others (BF16_ORDER), so the
-  activations are laid out in that order once per call.
+- dpbf16 (AVX-512 BF16 hosts): vdpbf16ps over i16x32 vectors of bfloat16 bits (the words fp8_codes.py makes).
 """
 from __future__ import annotations
 
 import llvmlite.binding as llvm
-import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .qtypes import e4m3_to_f32
 from .simd import FORCE_PORTABLE, HOST_FEATURES, SIMD_LEVEL, Vec, _ptr, _splat, f32x16
 
 # vdpbf16ps has no LLVM type llvmlite can spell (bfloat), so it is inline assembly, which needs the asm parser.
@@ -32,18 +26,6 @@ _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _V64B, _V32W, _F16 = ir.VectorType(_I8, 64), ir.VectorType(_I16, 32), ir.VectorType(ir.FloatType(), 16)
 
 
-def _bf16_table() -> tuple[np.ndarray, np.ndarray]:
-    vals = e4m3_to_f32(np.arange(128, dtype=np.uint8)) / np.float32(256.0)
-    vals[0x7F] = 0.0  # NaN's code: no checkpoint holds it
-    bits = (vals.view(np.uint32) >> 16).astype(np.uint16)
-    assert ((bits.astype(np.uint32) << 16).view(np.float32) == vals).all()  # exact in bfloat16
-    return (bits & 0xFF).astype(np.uint8), (bits >> 8).astype(np.uint8)
-
-
-_LO, _HI = _bf16_table()
-BF16_ORDER = np.array([16 * lane + j for half in (0, 8) for lane in range(4) for j in range(half, half + 8)])
-
-
 @intrinsic
 def load_e4m3x16(typingctx, arr, idx):
     """16 e4m3 bytes of a uint8 array from element idx -> f32x16 of their values / 256."""
@@ -53,11 +35,16 @@ def load_e4m3x16(typingctx, arr, idx):
     def codegen(context, builder, sig, args):
         i = context.cast(builder, args[1], sig.args[1], types.intp)
         p = _ptr(context, builder, sig.args[0], args[0], i, ir.VectorType(_I8, 16))
-        w = builder.sext(builder.load(p, align=1), ir.VectorType(_I16, 16))
-        h = builder.and_(builder.shl(w, _splat(builder, ir.Constant(_I16, 7), 16)),
-                         _splat(builder, ir.Constant(_I16, 0xBFFF), 16))
-        return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 16)), _F16)
+        return widen_e4m3(builder, builder.load(p, align=1))
     return f32x16(arr, idx), codegen
+
+
+def widen_e4m3(builder, b):
+    """<16 x i8> e4m3 bytes -> <16 x float> of their values / 256 (the module's first recipe)."""
+    w = builder.sext(b, ir.VectorType(_I16, 16))
+    h = builder.and_(builder.shl(w, _splat(builder, ir.Constant(_I16, 7), 16)),
+                     _splat(builder, ir.Constant(_I16, 0xBFFF), 16))
+    return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), 16)), _F16)
 
 
 @intrinsic
@@ -71,32 +58,6 @@ def fma(typingctx, acc, a, b):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{acc.n}f32")
         return builder.call(fn, [args[1], args[2], args[0]])
     return acc(acc, a, b), codegen
-
-
-@intrinsic
-def e4m3_bf16x64(typingctx, arr, idx):
-    """64 e4m3 bytes of a uint8 array from element idx -> (A, B): i16x32 of bfloat16 bits of value / 256, in
-    BF16_ORDER."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.uint8 and isinstance(idx, types.Integer)):
-        return None
-    ret = types.UniTuple(i16x32, 2)
-
-    def codegen(context, builder, sig, args):
-        i = context.cast(builder, args[1], sig.args[1], types.intp)
-        v = builder.load(_ptr(context, builder, sig.args[0], args[0], i, _V64B), align=1)
-        perm = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V64B, [_V64B] * 3),
-                                              "llvm.x86.avx512.vpermi2var.qi.512")
-        table = lambda t: ir.Constant(_V64B, [int(b) for b in t])  # noqa: E731
-        lo = builder.call(perm, [table(_LO[:64]), v, table(_LO[64:])])
-        hi = builder.call(perm, [table(_HI[:64]), v, table(_HI[64:])])
-        hi = builder.or_(hi, builder.and_(v, _splat(builder, ir.Constant(_I8, 0x80), 64)))
-        halves = []
-        for half in (0, 8):
-            order = [k for lane in range(4) for j in range(half, half + 8) for k in (16 * lane + j, 64 + 16 * lane + j)]
-            w = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 64), order))
-            halves.append(builder.bitcast(w, _V32W))
-        return context.make_tuple(builder, ret, halves)
-    return ret(arr, idx), codegen
 
 
 @intrinsic

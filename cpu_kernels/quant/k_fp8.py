@@ -2,53 +2,75 @@
 
 Layout after repack.fp8_e4m3: rows in groups of 8 (zero rows pad the last), q uint8 (G, nb * 1024): per group and
 128-block the eight rows' 128 bytes one after another (one stream per group; rows K apart aliased in L1 at K = 4096),
-d float32 (G, nb * 8): the scales times 256, as the widened lanes hold value / 256 (fp8_simd.py). A group's rows
-share each activation load: long rows' activations do not fit L1, and fewer rows per load ran 0.6x Q8_0 at K = 14336. Activations stay
-float32, not int8: value = e4m3 * scale exactly as the checkpoint defines it.
+d float32 (G, nb * 8): the scales, f uint8 (G, nb): a bit per row whose block holds a subnormal. A group's rows
+share each activation load: long rows' activations do not fit L1, and fewer rows per load ran 0.6x Q8_0 at K = 14336.
+Activations stay float32, not int8: value = e4m3 * scale exactly as the checkpoint defines it.
 gemv_fp8, per group, activation row and block: each row's block sum, then tot += block sum * d (the same operations
-whatever M). AVX-512 VBMI + BF16 hosts multiply bfloat16 weights (exact) with the activation split into two bfloat16
-parts (high + low: about 2^-17 relative per element) by vdpbf16ps; other hosts widen to float32 and use FMAs.
+whatever M). AVX-512 VBMI + BF16 hosts hold the bytes as fp8_codes.py's codes and multiply their bfloat16 words
+(exact) with the activation split into two bfloat16 parts (high + low: about 2^-17 relative per element) by
+vdpbf16ps, the flagged blocks' subnormals added from a table; other hosts keep the e4m3 bytes (d times 256), widen
+them to float32 (fp8_simd.py) and use FMAs.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
-from .fp8_simd import BF16_ORDER, HAS_BF16_VBMI, dpbf16, e4m3_bf16x64, fma, load_e4m3x16, load_i16x32
+from .fp8_codes import (CODE_LAYOUT, SUB_SCALE, X_SCALE, code_bf16x64, code_subnormal_bf16x64,
+                        load_code_x16)
+from .fp8_simd import dpbf16, fma, load_e4m3x16, load_i16x32
 from .simd import CACHE, PREFETCH_AHEAD, hsum, load_f32x16, muladd, prefetch, store, vadd, vmul, zero_f32x16
 
-_ORDER = BF16_ORDER.astype(np.int64)
+@njit(cache=CACHE, inline="always")
+def _bf16_round(b):
+    """float32 bits (uint32) -> the bfloat16 bits nearest (ties to even)."""
+    return (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
 
 
 @njit(cache=CACHE)
 def split_bf16(x):
-    """x f32 (M, K) -> (high, low) uint16 (M, K) bfloat16 bits with high + low ~ x, each 64 values in BF16_ORDER."""
+    """x f32 (M, K) -> (high, low) uint16 (M, K) bfloat16 bits with high + low ~ x * X_SCALE, each 64 values in
+    CODE_ORDER (of 8 values, the first 4 in the first half, the last 4 in the second)."""
     M, K = x.shape
     xh, xl = np.empty((M, K), np.uint16), np.empty((M, K), np.uint16)
-    tmp = np.empty(2, np.uint32)
-    tf = tmp.view(np.float32)
+    y, hi = np.empty(K, np.float32), np.empty(K, np.uint32)
+    yb, hf = y.view(np.uint32), hi.view(np.float32)
+    h16, l16 = np.empty(K, np.uint16), np.empty(K, np.uint16)
     for m in range(M):
+        for k in range(K):  # straight loops over whole rows, which LLVM vectorizes
+            y[k] = x[m, k] * X_SCALE
+            h = _bf16_round(yb[k])
+            h16[k], hi[k] = h, h << np.uint32(16)
+        for k in range(K):
+            y[k] = y[k] - hf[k]
+            l16[k] = _bf16_round(yb[k])
         for c in range(0, K, 64):
-            for j in range(64):
-                tf[0] = x[m, c + _ORDER[j]]
-                b = tmp[0]
-                h = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-                tmp[1] = h << 16
-                tf[0] = tf[0] - tf[1]
-                b = tmp[0]
-                xh[m, c + j] = h
-                xl[m, c + j] = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+            for p in range(8):
+                for j in range(4):
+                    xh[m, c + 4 * p + j], xl[m, c + 4 * p + j] = h16[c + 8 * p + j], l16[c + 8 * p + j]
+                    xh[m, c + 32 + 4 * p + j], xl[m, c + 32 + 4 * p + j] = h16[c + 8 * p + 4 + j], l16[c + 8 * p + 4 + j]
     return xh, xl
 
 
 @njit(cache=CACHE, inline="always")
-def _row_bf16(q, o, h0, h1, h2, h3, l0, l1, l2, l3):
-    """One row's 128-value block sum: high parts and low parts in two chains, then added."""
-    a0, b0 = e4m3_bf16x64(q, o)
-    a1, b1 = e4m3_bf16x64(q, o + 64)
+def _dots(a0, b0, a1, b1, h0, h1, h2, h3, l0, l1, l2, l3):
+    """A row's 128-value block sum from its four word vectors: high parts and low parts in two chains, then added."""
     h = dpbf16(dpbf16(dpbf16(dpbf16(zero_f32x16(), a0, h0), b0, h1), a1, h2), b1, h3)
     low = dpbf16(dpbf16(dpbf16(dpbf16(zero_f32x16(), a0, l0), b0, l1), a1, l2), b1, l3)
     return vadd(h, low)
+
+
+@njit(cache=CACHE, inline="always")
+def _row_bf16(q, o, flags, r, h0, h1, h2, h3, l0, l1, l2, l3):
+    """Row r's block sum at q[o:]; a flagged row adds its subnormals' share (their words read as zero)."""
+    a0, b0 = code_bf16x64(q, o)
+    a1, b1 = code_bf16x64(q, o + 64)
+    s = _dots(a0, b0, a1, b1, h0, h1, h2, h3, l0, l1, l2, l3)
+    if (flags >> r) & 1:
+        a0, b0 = code_subnormal_bf16x64(q, o)
+        a1, b1 = code_subnormal_bf16x64(q, o + 64)
+        s = vadd(s, vmul(_dots(a0, b0, a1, b1, h0, h1, h2, h3, l0, l1, l2, l3), SUB_SCALE))
+    return s
 
 
 @njit(cache=CACHE, inline="always")
@@ -73,7 +95,7 @@ def _prefetch_group(q, o):
 
 
 @njit(parallel=True, cache=CACHE)
-def _gemv_bf16(q, d, x, out):
+def _gemv_bf16(q, d, f, x, out):
     M, K = x.shape
     nb = K // 128
     xh, xl = split_bf16(x)
@@ -82,21 +104,21 @@ def _gemv_bf16(q, d, x, out):
             t0, t1, t2, t3 = zero_f32x16(), zero_f32x16(), zero_f32x16(), zero_f32x16()
             t4, t5, t6, t7 = zero_f32x16(), zero_f32x16(), zero_f32x16(), zero_f32x16()
             for b in range(nb):
-                o, xo, e = (g * nb + b) * 1024, m * K + b * 128, 8 * b
+                o, xo, e, fl = (g * nb + b) * 1024, m * K + b * 128, 8 * b, f[g, b]
                 if m == 0:
                     _prefetch_group(q, o)
                 h0, h1, h2, h3 = (load_i16x32(xh, xo), load_i16x32(xh, xo + 32), load_i16x32(xh, xo + 64),
                                   load_i16x32(xh, xo + 96))
                 l0, l1, l2, l3 = (load_i16x32(xl, xo), load_i16x32(xl, xo + 32), load_i16x32(xl, xo + 64),
                                   load_i16x32(xl, xo + 96))
-                t0 = muladd(t0, _row_bf16(q, o, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e])
-                t1 = muladd(t1, _row_bf16(q, o + 128, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 1])
-                t2 = muladd(t2, _row_bf16(q, o + 256, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 2])
-                t3 = muladd(t3, _row_bf16(q, o + 384, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 3])
-                t4 = muladd(t4, _row_bf16(q, o + 512, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 4])
-                t5 = muladd(t5, _row_bf16(q, o + 640, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 5])
-                t6 = muladd(t6, _row_bf16(q, o + 768, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 6])
-                t7 = muladd(t7, _row_bf16(q, o + 896, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 7])
+                t0 = muladd(t0, _row_bf16(q, o, fl, 0, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e])
+                t1 = muladd(t1, _row_bf16(q, o + 128, fl, 1, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 1])
+                t2 = muladd(t2, _row_bf16(q, o + 256, fl, 2, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 2])
+                t3 = muladd(t3, _row_bf16(q, o + 384, fl, 3, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 3])
+                t4 = muladd(t4, _row_bf16(q, o + 512, fl, 4, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 4])
+                t5 = muladd(t5, _row_bf16(q, o + 640, fl, 5, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 5])
+                t6 = muladd(t6, _row_bf16(q, o + 768, fl, 6, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 6])
+                t7 = muladd(t7, _row_bf16(q, o + 896, fl, 7, h0, h1, h2, h3, l0, l1, l2, l3), d[g, e + 7])
             _store4(out, m, 8 * g, t0, t1, t2, t3)
             _store4(out, m, 8 * g + 4, t4, t5, t6, t7)
 
@@ -121,7 +143,7 @@ def _block4_f32(q, o, x, xo):
 
 
 @njit(parallel=True, cache=CACHE)
-def _gemv_f32(q, d, x, out):
+def _gemv_f32(q, d, f, x, out):
     M, K = x.shape
     nb = K // 128
     for g in prange(q.shape[0]):
@@ -138,11 +160,11 @@ def _gemv_f32(q, d, x, out):
                 _store4(out, m, 8 * g + 4 * half, t0, t1, t2, t3)
 
 
-gemv_fp8 = _gemv_bf16 if HAS_BF16_VBMI else _gemv_f32
+gemv_fp8 = _gemv_bf16 if CODE_LAYOUT else _gemv_f32
 
 
 @njit(parallel=True, cache=CACHE)
-def deq_fp8(q, d, rows, out):
+def deq_fp8(q, d, f, rows, out):
     K = out.shape[1]
     nb = K // 128
     for t in prange(rows.shape[0]):
@@ -150,4 +172,8 @@ def deq_fp8(q, d, rows, out):
         for b in range(nb):
             o = (g * nb + b) * 1024 + 128 * r
             for j in range(8):
-                store(out, t * K + b * 128 + 16 * j, vmul(load_e4m3x16(q, o + 16 * j), d[g, 8 * b + r]))
+                if CODE_LAYOUT:  # the codes' scales are 2**48 times the widened values' (exact: a power of two)
+                    v = vmul(load_code_x16(q, o + 16 * j), d[g, 8 * b + r] * np.float32(2.0 ** -48))
+                else:
+                    v = vmul(load_e4m3x16(q, o + 16 * j), d[g, 8 * b + r])
+                store(out, t * K + b * 128 + 16 * j, v)

@@ -120,7 +120,7 @@ FORMATS: dict[Q, QuantFormat] = {
           for t in (Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M, Q.TQ1_0, Q.TQ2_0,
                     Q.NVFP4)),
         # HF FP8 checkpoints: float activations, so long prompts take the dense path (bf16 tiles where native).
-        _quant(RamlmType.FP8_E4M3, ("q", "d"), repack.fp8_e4m3, k_fp8.gemv_fp8, k_fp8.deq_fp8, row_block=8,
+        _quant(RamlmType.FP8_E4M3, ("q", "d", "f"), repack.fp8_e4m3, k_fp8.gemv_fp8, k_fp8.deq_fp8, row_block=8,
                int8_activations=False),
         # 8-bit weight-only HF checkpoints: Q8_0's GEMV (asymmetric: plus the zero points' share) over activations kept
         # to 16-bit precision (k_a16.py), Q8_0's routing of long chunks.

@@ -177,18 +177,27 @@ def iq4_xs_numpy(raw):
 
 def fp8_e4m3(raw):
     """FP8_E4M3 rows -> k_fp8.py's layout: q uint8 (G, K * 8) the e4m3 bytes of 8-row groups, per 128-block row by
-    row; d float32 (G, K / 16) the scales times 256, per block row by row."""
+    row (fp8_codes.py's codes where CODE_LAYOUT); d float32 (G, K / 16) the scales times 256 (D_SCALE for codes), per
+    block row by row; f uint8 (G, K / 128) per block a bit per row holding a subnormal."""
     from . import repack_fast
     return repack_fast.fp8_e4m3(_byte_rows(raw))
 
 
-def fp8_e4m3_numpy(raw):
+def fp8_e4m3_numpy(raw, codes=None):
     """fp8_e4m3 in numpy (the reference repack_fast is tested against)."""
+    from .fp8_codes import CODE_LAYOUT, D_SCALE
+    codes = CODE_LAYOUT if codes is None else codes
     b = _pad8(_blocks(raw, 132))
     G, nb = b.shape[0] // 8, b.shape[1]
-    d = np.ascontiguousarray(b[..., :4]).view(np.float32)[..., 0] * np.float32(256.0)
-    q = b[..., 4:].reshape(G, 8, nb, 128).transpose(0, 2, 1, 3)
-    return np.ascontiguousarray(q).reshape(G, -1), np.ascontiguousarray(d.reshape(G, 8, nb).transpose(0, 2, 1)).reshape(G, -1)
+    d = np.ascontiguousarray(b[..., :4]).view(np.float32)[..., 0] * (D_SCALE if codes else np.float32(256.0))
+    e = b[..., 4:]
+    sub = (((e & 0x78) == 0) & ((e & 0x07) != 0)).any(axis=-1).reshape(G, 8, nb)
+    f = (sub.astype(np.uint8) << np.arange(8, dtype=np.uint8)[None, :, None]).sum(axis=1, dtype=np.uint8)
+    if codes:
+        e = (e & 0x80) | ((e & 0x0F) << 3) | ((e >> 4) & 0x07)
+    q = e.reshape(G, 8, nb, 128).transpose(0, 2, 1, 3)
+    d = d.reshape(G, 8, nb).transpose(0, 2, 1)
+    return tuple(np.ascontiguousarray(a).reshape(G, -1) for a in (q, d, f))
 
 
 def q5_1(raw):

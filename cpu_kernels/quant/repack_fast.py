@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .fp8_codes import CODE_LAYOUT, D_SCALE, code_of, is_subnormal
 from .simd import CACHE
 
 
@@ -69,11 +70,12 @@ def iq4_xs(raw):
 
 
 def fp8_e4m3(raw):
-    """raw FP8_E4M3 rows uint8 (N, nb * 132) -> q uint8 (G, nb * 1024), d float32 (G, nb * 8): k_fp8's layout."""
+    """raw FP8_E4M3 rows uint8 (N, nb * 132) -> q uint8 (G, nb * 1024), d float32 (G, nb * 8), f uint8 (G, nb):
+    k_fp8's layout."""
     N, nb = raw.shape[0], raw.shape[1] // 132
     scale = np.ascontiguousarray(raw.reshape(N, nb, 132)[..., :4]).view(np.float32).reshape(N, nb)
-    out = _arrays(N, (nb * 1024, np.uint8, 0), (nb * 8, np.float32, 0))
-    _fp8(raw, scale, *out)
+    out = _arrays(N, (nb * 1024, np.uint8, 0), (nb * 8, np.float32, 0), (nb, np.uint8, 0))
+    _fp8(raw, scale, *out, CODE_LAYOUT)
     return out
 
 
@@ -185,13 +187,20 @@ def _iq4_xs(raw, qs, sc, d):
 
 
 @njit(parallel=True, cache=CACHE)
-def _fp8(raw, scale, q, d):
+def _fp8(raw, scale, q, d, f, codes):
     nb = scale.shape[1]
-    for n in prange(raw.shape[0]):
-        g, r = n >> 3, n & 7
+    for g in prange(q.shape[0]):
         for b in range(nb):
-            d[g, 8 * b + r] = scale[n, b] * np.float32(256.0)
-            q[g, 1024 * b + 128 * r:1024 * b + 128 * r + 128] = raw[n, 132 * b + 4:132 * b + 132]
+            flags = 0
+            for r in range(min(8, raw.shape[0] - 8 * g)):
+                n = 8 * g + r
+                d[g, 8 * b + r] = scale[n, b] * (D_SCALE if codes else np.float32(256.0))
+                for j in range(128):
+                    v = raw[n, 132 * b + 4 + j]
+                    if is_subnormal(v):
+                        flags |= 1 << r
+                    q[g, 1024 * b + 128 * r + j] = code_of(v) if codes else v
+            f[g, b] = flags
 
 
 @njit(parallel=True, cache=CACHE)

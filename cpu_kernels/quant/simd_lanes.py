@@ -122,7 +122,7 @@ def lane(typingctx, v, j):
     """Lane j of v as a scalar."""
     if not (isinstance(v, Vec) and isinstance(j, types.Integer)):
         return None
-    rt = types.float32 if v.kind == "f32" else types.int32 if v.kind == "i32" else types.uint8
+    rt = {"f32": types.float32, "i32": types.int32, "i16": types.int16}.get(v.kind, types.uint8)
 
     def codegen(context, builder, sig, args):
         return builder.extract_element(args[0], context.cast(builder, args[1], sig.args[1], types.int32))
