@@ -19,7 +19,7 @@ from numba import njit, prange
 from .fp8_codes import (CODE_LAYOUT, SUB_SCALE, X_SCALE, code_bf16x64, code_subnormal_bf16x64,
                         load_code_x16)
 from .fp8_simd import dpbf16, fma, load_e4m3x16, load_i16x32
-from .simd import CACHE, PREFETCH_AHEAD, hsum, load_f32x16, muladd, prefetch, store, vadd, vmul, zero_f32x16
+from .simd import CACHE, hsum, load_f32x16, muladd, prefetch_l2, store, vadd, vmul, zero_f32x16
 
 @njit(cache=CACHE, inline="always")
 def _bf16_round(b):
@@ -88,10 +88,13 @@ def _store4(out, m, n0, t0, t1, t2, t3):
         out[m, n0 + 2] = hsum(t2)
 
 
+FP8_AHEAD = 16384
+
+
 @njit(cache=CACHE, inline="always")
 def _prefetch_group(q, o):
-    for line in range(16):
-        prefetch(q, o + PREFETCH_AHEAD + 64 * line)
+    for line in range(16):  # into L2, 16 group-blocks ahead: from DRAM 1.3-1.5x faster than 2 KB ahead into L1
+        prefetch_l2(q, o + FP8_AHEAD + 64 * line)
 
 
 @njit(parallel=True, cache=CACHE)
