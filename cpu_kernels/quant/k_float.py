@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from .bf16_io import rows_to_bf16
-from .simd import CACHE, bf16_to_f32, f16_to_f32, hsum, load_bf16x16, load_f16x16, load_f32x16, muladd, zero_f32x16
+from .simd import CACHE, bf16_to_f32, f16_to_f32, hsum, load_bf16x16, load_f16x16, load_f32x16, muladd, vadd, zero_f32x16
 
 
 @njit(parallel=True, cache=CACHE)
@@ -50,13 +50,16 @@ def gemv_f16(w, x, out):
 def gemv_bf16(w, x, out):
     M, K = x.shape
     N = w.shape[0]
-    K16 = K - K % 16
+    K16, K32 = K - K % 16, K - K % 32
     for n in prange(N):
         for m in range(M):
-            acc = zero_f32x16()
-            for k in range(0, K16, 16):
+            acc, acc2 = zero_f32x16(), zero_f32x16()
+            for k in range(0, K32, 32):  # two chains: one FMA's latency per 32 bytes kept a core below DRAM's rate
                 acc = muladd(acc, load_bf16x16(w, n * K + k), load_f32x16(x, m * K + k))
-            s = hsum(acc)
+                acc2 = muladd(acc2, load_bf16x16(w, n * K + k + 16), load_f32x16(x, m * K + k + 16))
+            if K32 < K16:
+                acc = muladd(acc, load_bf16x16(w, n * K + K32), load_f32x16(x, m * K + K32))
+            s = hsum(vadd(acc, acc2))
             for k in range(K16, K):
                 s += bf16_to_f32(w[n, k]) * x[m, k]
             out[m, n] = s
