@@ -31,7 +31,8 @@ def main(argv=None) -> None:
     from engine import LLM
     llms = []
     for m in args.model:
-        llm = LLM(model=m, num_threads=args.threads, enable_prefix_caching=False, max_model_len=1024,
+        llm = LLM(model=m, num_threads=args.threads, enable_prefix_caching=False,
+                  max_model_len=max(128, args.gen_tokens + 64),
                   kv_cache_memory=0.5)
         run(llm, 32, 4, 1)  # compiles or loads every kernel signature once
         llms.append(llm)

@@ -6,14 +6,15 @@ import re
 import pytest
 
 from bench import decode_ab
-from tests.model.tiny_models import tiny_model
+from tests.model.tiny_models import saved_tiny
 
 
 def test_two_models_alternate_and_report_ratios(tmp_path, capsys):
     folders = []
     for arch in ("llama", "qwen3"):
         folder = tmp_path / arch
-        tiny_model(arch).save_pretrained(folder, safe_serialization=True)
+        saved_tiny(folder, arch)
+        (folder / "tokenizer_config.json").write_text('{"bos_token": "t2", "eos_token": "t1", "unk_token": "t0"}')
         folders.append(str(folder))
     decode_ab.main(["--model", folders[0], "--model", folders[1], "--rounds", "3", "--gen-tokens", "3", "--no-json"])
     out = capsys.readouterr().out
