@@ -61,54 +61,52 @@ _MSQ = [ir.Constant(_V64B, [(8 * (half + k // 2) - (k + 1) % 2) % 64 for _ in ra
         for half in (0, 4)]
 
 
-def _load64(context, builder, sig, args):
-    i = context.cast(builder, args[1], sig.args[1], types.intp)
-    return builder.load(_ptr(context, builder, sig.args[0], args[0], i, _V64B), align=1)
-
-
 def _u8_array(arr, idx):
     return isinstance(arr, types.Array) and arr.dtype == types.uint8 and isinstance(idx, types.Integer)
 
 
-@intrinsic
-def code_bf16x64(typingctx, arr, idx):
-    """64 codes of a uint8 array from element idx -> (A, B): i16x32 of bfloat16 bits of value * 2**-120."""
-    if not _u8_array(arr, idx):
-        return None
-    ret = types.UniTuple(i16x32, 2)
+def _word_pair(make_halves, doc: str):
+    """An intrinsic (uint8 array, idx) -> the two i16x32 vectors make_halves(builder, 64 loaded codes) builds."""
+    def impl(typingctx, arr, idx):
+        if not _u8_array(arr, idx):
+            return None
+        ret = types.UniTuple(i16x32, 2)
 
-    def codegen(context, builder, sig, args):
-        v = _load64(context, builder, sig, args)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V64B, [_V64B] * 2),
-                                            "llvm.x86.avx512.pmultishift.qb.512")
-        mask = ir.Constant(_V32W, [0x87F0] * 32)
-        halves = [builder.and_(builder.bitcast(builder.call(fn, [ctrl, v]), _V32W), mask) for ctrl in _MSQ]
-        return context.make_tuple(builder, ret, halves)
-    return ret(arr, idx), codegen
+        def codegen(context, builder, sig, args):
+            i = context.cast(builder, args[1], sig.args[1], types.intp)
+            v = builder.load(_ptr(context, builder, sig.args[0], args[0], i, _V64B), align=1)
+            return context.make_tuple(builder, ret, make_halves(builder, v))
+        return ret(arr, idx), codegen
+    impl.__doc__ = doc
+    return intrinsic(impl)
 
 
-@intrinsic
-def code_subnormal_bf16x64(typingctx, arr, idx):
-    """64 codes -> (A, B) as code_bf16x64's, of the subnormals' value * 2**-8 and zero for every other code."""
-    if not _u8_array(arr, idx):
-        return None
-    ret = types.UniTuple(i16x32, 2)
+def _code_words(builder, v):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V64B, [_V64B] * 2),
+                                        "llvm.x86.avx512.pmultishift.qb.512")
+    mask = ir.Constant(_V32W, [0x87F0] * 32)
+    return [builder.and_(builder.bitcast(builder.call(fn, [ctrl, v]), _V32W), mask) for ctrl in _MSQ]
 
-    def codegen(context, builder, sig, args):
-        v = _load64(context, builder, sig, args)
-        perm = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V64B, [_V64B] * 3),
-                                              "llvm.x86.avx512.vpermi2var.qi.512")
-        table = lambda t: ir.Constant(_V64B, [int(b) for b in t])  # noqa: E731
-        lo = builder.call(perm, [table(_SUB_LO[:64]), v, table(_SUB_LO[64:])])
-        hi = builder.call(perm, [table(_SUB_HI[:64]), v, table(_SUB_HI[64:])])
-        hi = builder.or_(hi, builder.and_(v, _splat(builder, ir.Constant(_I8, 0x80), 64)))
-        halves = []
-        for half in (0, 4):
-            order = [k for q in range(8) for j in range(half, half + 4) for k in (8 * q + j, 64 + 8 * q + j)]
-            w = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 64), order))
-            halves.append(builder.bitcast(w, _V32W))
-        return context.make_tuple(builder, ret, halves)
-    return ret(arr, idx), codegen
+
+def _subnormal_words(builder, v):
+    perm = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V64B, [_V64B] * 3),
+                                          "llvm.x86.avx512.vpermi2var.qi.512")
+    table = lambda t: ir.Constant(_V64B, [int(b) for b in t])  # noqa: E731
+    lo = builder.call(perm, [table(_SUB_LO[:64]), v, table(_SUB_LO[64:])])
+    hi = builder.call(perm, [table(_SUB_HI[:64]), v, table(_SUB_HI[64:])])
+    hi = builder.or_(hi, builder.and_(v, _splat(builder, ir.Constant(_I8, 0x80), 64)))
+    halves = []
+    for half in (0, 4):
+        order = [k for q in range(8) for j in range(half, half + 4) for k in (8 * q + j, 64 + 8 * q + j)]
+        w = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 64), order))
+        halves.append(builder.bitcast(w, _V32W))
+    return halves
+
+
+code_bf16x64 = _word_pair(_code_words, "64 codes of a uint8 array from element idx -> (A, B): i16x32 of bfloat16 "
+                                       "bits of value * 2**-120.")
+code_subnormal_bf16x64 = _word_pair(_subnormal_words, "64 codes -> (A, B) as code_bf16x64's, of the subnormals' "
+                                                      "value * 2**-8 and zero for every other code.")
 
 
 @intrinsic
