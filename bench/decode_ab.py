@@ -40,8 +40,8 @@ def main(argv=None) -> None:
     for r in range(args.rounds):
         for i, llm in enumerate(llms):
             runs[i].append(run(llm, 8, args.gen_tokens + 1, 1, only="decode")["decode_tok_s"])
-        print(f"round {r}: " + ", ".join(f"{t[-1]:.2f}" for t in runs) + " tok/s" + (" (not counted)" if r == 0 else ""),
-              flush=True)
+        note = " (not counted)" if r == 0 else ""
+        print(f"round {r}: " + ", ".join(f"{t[-1]:.2f}" for t in runs) + " tok/s" + note, flush=True)
     counted = [t[1:] for t in runs]
     figures = {m: {"tok_s": median(t), "ratio": median(t) / median(counted[0]),
                    "round_ratio": median([x / y for x, y in zip(t, counted[0])]), "runs": runs[i]}

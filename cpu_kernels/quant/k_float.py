@@ -11,7 +11,8 @@ import numpy as np
 from numba import njit, prange
 
 from .bf16_io import rows_to_bf16
-from .simd import CACHE, bf16_to_f32, f16_to_f32, hsum, load_bf16x16, load_f16x16, load_f32x16, muladd, vadd, zero_f32x16
+from .simd import (CACHE, bf16_to_f32, f16_to_f32, hsum, load_bf16x16, load_f16x16, load_f32x16, muladd, vadd,
+                   zero_f32x16)
 
 
 @njit(parallel=True, cache=CACHE)
