@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit
 
 from cpu_kernels.bf16x32 import _bdot, _bload, _bround, _bsplat2, _bstore, _bzip
-from cpu_kernels.vec16 import _vload, _vstore, _vzero
+from cpu_kernels.vec16 import _vload, _vload_rows4x2, _vstore, _vstore_rows4x2, _vzero
 
 _JIT = dict(cache=True, error_model="numpy")
 
@@ -84,10 +84,7 @@ def pv4(acc, v, pb, vb, npairs):
     Dp, P = acc.shape[1], pb.shape[1]
     a0 = v * Dp
     for c in range(0, Dp, 32):
-        x00, x01 = _vload(acc, a0 + c), _vload(acc, a0 + c + 16)
-        x10, x11 = _vload(acc, a0 + Dp + c), _vload(acc, a0 + Dp + c + 16)
-        x20, x21 = _vload(acc, a0 + 2 * Dp + c), _vload(acc, a0 + 2 * Dp + c + 16)
-        x30, x31 = _vload(acc, a0 + 3 * Dp + c), _vload(acc, a0 + 3 * Dp + c + 16)
+        x00, x01, x10, x11, x20, x21, x30, x31 = _vload_rows4x2(acc, a0, Dp, c)
         for jp in range(npairs):
             v0, v1 = _bload(vb, jp * 2 * Dp + 2 * c), _bload(vb, jp * 2 * Dp + 2 * c + 32)
             w = _bsplat2(pb, v * P + 2 * jp)
@@ -98,14 +95,7 @@ def pv4(acc, v, pb, vb, npairs):
             x20, x21 = _bdot(x20, v0, w), _bdot(x21, v1, w)
             w = _bsplat2(pb, (v + 3) * P + 2 * jp)
             x30, x31 = _bdot(x30, v0, w), _bdot(x31, v1, w)
-        _vstore(acc, a0 + c, x00)
-        _vstore(acc, a0 + c + 16, x01)
-        _vstore(acc, a0 + Dp + c, x10)
-        _vstore(acc, a0 + Dp + c + 16, x11)
-        _vstore(acc, a0 + 2 * Dp + c, x20)
-        _vstore(acc, a0 + 2 * Dp + c + 16, x21)
-        _vstore(acc, a0 + 3 * Dp + c, x30)
-        _vstore(acc, a0 + 3 * Dp + c + 16, x31)
+        _vstore_rows4x2(acc, a0, Dp, c, x00, x01, x10, x11, x20, x21, x30, x31)
 
 
 @njit(**_JIT)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from numba import njit
 
 from cpu_kernels import attention_bf16 as B16
-from cpu_kernels.vec16 import _vhsum4_store, _vload, _vmuladd, _vstore, _vzero
+from cpu_kernels.vec16 import _vhsum4_store, _vload, _vload_rows4x2, _vmuladd, _vstore, _vstore_rows4x2, _vzero
 
 _JIT = dict(cache=True, error_model="numpy")
 
@@ -59,10 +59,7 @@ def _pv4(acc, v, p, vbuf, n):
     Dp = acc.shape[1]
     a0 = v * Dp
     for c in range(0, Dp, 32):
-        x00, x01 = _vload(acc, a0 + c), _vload(acc, a0 + c + 16)
-        x10, x11 = _vload(acc, a0 + Dp + c), _vload(acc, a0 + Dp + c + 16)
-        x20, x21 = _vload(acc, a0 + 2 * Dp + c), _vload(acc, a0 + 2 * Dp + c + 16)
-        x30, x31 = _vload(acc, a0 + 3 * Dp + c), _vload(acc, a0 + 3 * Dp + c + 16)
+        x00, x01, x10, x11, x20, x21, x30, x31 = _vload_rows4x2(acc, a0, Dp, c)
         for j in range(n):
             v0, v1 = _vload(vbuf, j * Dp + c), _vload(vbuf, j * Dp + c + 16)
             w = p[v, j]
@@ -73,14 +70,7 @@ def _pv4(acc, v, p, vbuf, n):
             x20, x21 = _vmuladd(x20, v0, w), _vmuladd(x21, v1, w)
             w = p[v + 3, j]
             x30, x31 = _vmuladd(x30, v0, w), _vmuladd(x31, v1, w)
-        _vstore(acc, a0 + c, x00)
-        _vstore(acc, a0 + c + 16, x01)
-        _vstore(acc, a0 + Dp + c, x10)
-        _vstore(acc, a0 + Dp + c + 16, x11)
-        _vstore(acc, a0 + 2 * Dp + c, x20)
-        _vstore(acc, a0 + 2 * Dp + c + 16, x21)
-        _vstore(acc, a0 + 3 * Dp + c, x30)
-        _vstore(acc, a0 + 3 * Dp + c + 16, x31)
+        _vstore_rows4x2(acc, a0, Dp, c, x00, x01, x10, x11, x20, x21, x30, x31)
 
 
 @njit(**_JIT)

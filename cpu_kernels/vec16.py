@@ -5,7 +5,7 @@ import platform
 
 import llvmlite.binding as llvm_binding
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
@@ -252,3 +252,24 @@ def _vexp(typingctx, v):
         e = builder.shl(builder.add(builder.fptosi(n, vi), ir.Constant(vi, [127] * 16)), ir.Constant(vi, [23] * 16))
         return builder.fmul(p, builder.bitcast(e, _VT))
     return _f32x16(v), codegen
+
+
+@njit(cache=True, inline="always")
+def _vload_rows4x2(arr, a0, Dp, c):
+    """The 32 lanes at column c of four rows Dp apart from a0: (row 0's two halves, row 1's, row 2's, row 3's)."""
+    return (_vload(arr, a0 + c), _vload(arr, a0 + c + 16), _vload(arr, a0 + Dp + c), _vload(arr, a0 + Dp + c + 16),
+            _vload(arr, a0 + 2 * Dp + c), _vload(arr, a0 + 2 * Dp + c + 16), _vload(arr, a0 + 3 * Dp + c),
+            _vload(arr, a0 + 3 * Dp + c + 16))
+
+
+@njit(cache=True, inline="always")
+def _vstore_rows4x2(arr, a0, Dp, c, x00, x01, x10, x11, x20, x21, x30, x31):
+    """_vload_rows4x2's lanes written back."""
+    _vstore(arr, a0 + c, x00)
+    _vstore(arr, a0 + c + 16, x01)
+    _vstore(arr, a0 + Dp + c, x10)
+    _vstore(arr, a0 + Dp + c + 16, x11)
+    _vstore(arr, a0 + 2 * Dp + c, x20)
+    _vstore(arr, a0 + 2 * Dp + c + 16, x21)
+    _vstore(arr, a0 + 3 * Dp + c, x30)
+    _vstore(arr, a0 + 3 * Dp + c + 16, x31)

@@ -11,6 +11,12 @@ from .simd import CACHE
 _NO_BIAS = np.empty(0, np.float32)
 
 
+@njit(cache=CACHE, inline="always")
+def bf16_round(b):
+    """float32 bits (uint32) -> the bfloat16 bits nearest (ties to even; finite values)."""
+    return np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
 @njit(parallel=True, cache=CACHE)
 def rows_to_bf16(bits, rows, out):
     """out[i] = the bfloat16 bits of float32 bits row rows[i], rounded to nearest even (finite values), a row per
@@ -18,8 +24,7 @@ def rows_to_bf16(bits, rows, out):
     for i in prange(rows.shape[0]):
         src, dst = bits[rows[i]], out[i]
         for k in range(src.shape[0]):
-            b = src[k]
-            dst[k] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+            dst[k] = bf16_round(src[k])
 
 
 def to_bf16(x: np.ndarray) -> np.ndarray:

@@ -16,16 +16,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .bf16_io import bf16_round
 from .fp8_codes import (CODE_LAYOUT, SUB_SCALE, X_SCALE, code_bf16x64, code_subnormal_bf16x64,
                         load_code_x16)
 from .fp8_simd import dpbf16, fma, load_e4m3x16, load_i16x32
 from .simd import CACHE, hsum, load_f32x16, muladd, prefetch_l2, store, vadd, vmul, zero_f32x16
-
-
-@njit(cache=CACHE, inline="always")
-def _bf16_round(b):
-    """float32 bits (uint32) -> the bfloat16 bits nearest (ties to even)."""
-    return (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
 
 
 @njit(cache=CACHE)
@@ -40,11 +35,11 @@ def split_bf16(x):
     for m in range(M):
         for k in range(K):  # straight loops over whole rows, which LLVM vectorizes
             y[k] = x[m, k] * X_SCALE
-            h = _bf16_round(yb[k])
-            h16[k], hi[k] = h, h << np.uint32(16)
+            h = bf16_round(yb[k])
+            h16[k], hi[k] = h, np.uint32(h) << np.uint32(16)
         for k in range(K):
             y[k] = y[k] - hf[k]
-            l16[k] = _bf16_round(yb[k])
+            l16[k] = bf16_round(yb[k])
         for c in range(0, K, 64):
             for p in range(8):
                 for j in range(4):
