@@ -54,7 +54,7 @@ class Linear:
                  dense_dtype: str | None = None):
         """rows: the batch's RowGroups, with its rows' LoRA slots (None: x is not the batch's rows, e.g. one
         expert's). per_row: every row runs the M = 1 kernel (rows of different sequences, e.g. sampled rows).
-        scratch: f32 (T, N) the result of a long prefill chunk may be written into (the caller's own buffer).
+        scratch: f32 (T, N) the result of long prefill chunks may be written into (the caller's own buffer).
         dense_dtype: for rows that are not the batch's, the dense path's precision (default float32; MoE experts pass
         the model's, so that the formats' fastest prefill kernels run)."""
         x_in = x
@@ -79,7 +79,7 @@ class Linear:
             return w.matmul(x, batch_invariant=True, bias=b)
         if len(rows.large) == 1 and not rows.small.size:  # one long prefill chunk
             return w.matmul(x, out=scratch, dense_dtype=rows.dense_dtype, bias=b)
-        y = np.empty((x.shape[0], w.N), np.float32)
+        y = scratch if scratch is not None else np.empty((x.shape[0], w.N), np.float32)
         if rows.small.size:
             y[rows.small] = w.matmul(x[rows.small], batch_invariant=True, bias=b)
         return w.matmul_spans(x, rows.large, y, rows.dense_dtype, b)  # each long chunk on its own, W's tiles read once
@@ -108,6 +108,14 @@ def big_scratch(shape: tuple[int, int]) -> np.ndarray | None:
     if buf is None or buf.size < shape[0] * shape[1]:
         buf = _scratch.buf = np.empty(shape[0] * shape[1], np.float32)
     return buf[:shape[0] * shape[1]].reshape(shape)
+
+
+def prefill_scratch(x: np.ndarray, rows, width: int) -> np.ndarray | None:
+    """big_scratch for a Linear's (T, width) result where the batch's rows hold long chunks (only those results
+    are written into it: Linear._matmul), else None."""
+    if rows is None or not rows.applies_to(x) or not len(rows.large):
+        return None
+    return big_scratch((x.shape[0], width))
 
 
 class Projections:
@@ -170,9 +178,7 @@ class Projections:
         in_order = [i for i, _, _ in spans] == list(range(len(self.parts)))
         if len(spans) < 2 or not in_order or len({hi - lo for _, lo, hi in spans}) != 1:
             return None
-        # only one long chunk alone writes into scratch (Linear._matmul): no buffer for the others
-        one_chunk = rows is not None and rows.applies_to(x) and len(rows.large) == 1 and not rows.small.size
-        y = lin(x, rows, scratch=big_scratch((x.shape[0], lin.out_features)) if one_chunk else None)
+        y = lin(x, rows, scratch=prefill_scratch(x, rows, lin.out_features))
         self._add_lora(x, y, rows, spans)
         return y
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from cpu_kernels.activations import _gelu_tanh_mul, _silu_mul, _swiglu_oai, gelu
 from engine.model.parts.base import Part, packed_linears
-from engine.model.parts.linear import Linear, Projections
+from engine.model.parts.linear import Linear, Projections, prefill_scratch
 from engine.model.parts.norm import small_on_one_thread
 from engine.model.spec import GatedMLPSpec, MLPSpec
 
@@ -68,7 +68,8 @@ class MLP(Part):
 
     def __call__(self, x: np.ndarray, meta=None, kv=None) -> np.ndarray:
         rows = meta.rows if meta is not None else None
-        h = np.ascontiguousarray(self.up(x, rows), dtype=np.float32)
+        h = np.ascontiguousarray(self.up(x, rows, scratch=prefill_scratch(x, rows, self.up.out_features)),
+                                 dtype=np.float32)
         with small_on_one_thread(h):
             gelu(h)
         return self.down(h, rows)
