@@ -13,6 +13,7 @@ from typing import Optional
 
 import numpy as np
 
+from cpu_kernels.heap import keep_freed_heap
 from engine import request_checks
 from engine.args import EngineArgs
 from engine.tokenization.detokenizer import fill_decoded_tokens
@@ -51,6 +52,7 @@ def _import_torch() -> None:
 class LLMEngine(RequestAdmission, LoRASteps):
     def __init__(self, args: EngineArgs):
         from engine.loading import load_everything
+        keep_freed_heap()
         self.args = args
         t0 = time.perf_counter()
         loaded = load_everything(args)
