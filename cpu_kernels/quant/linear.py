@@ -7,7 +7,7 @@ import numpy as np
 
 from cpu_kernels.activations import add_bias
 
-from . import bf16_io, int8_gemm
+from . import bf16_io, int8_gemm, packed_bf16
 from .registry import QuantFormat, get_format
 from .threads import match_torch_threads, serial_if, serial_work
 
@@ -201,9 +201,9 @@ class QuantLinear:
         float32: quantized formats see x rounded to Q8 per 32-block exactly as the GEMV path rounds it, and
         W in float32 (exact), so both paths agree to float32 summation order: a row's answer does not
         depend on whether it ran alone or in a long prompt.
-        bfloat16: oneDNN's bf16 GEMM; W tiles dequantized straight to bf16 bits, x rounded to bf16, fp32
-        accumulation, the product rounded to bf16 (torch's CPU matmul has no fp32 output for bf16
-        inputs): about 0.2 % relative error per output, 2.5x faster here.
+        bfloat16: oneDNN's bf16 GEMM; W tiles dequantized straight to bf16 bits (F32 weights: packed_bf16's kept
+        copy), x rounded to bf16, fp32 accumulation, the product rounded to bf16 (torch's CPU matmul has no fp32
+        output for bf16 inputs): about 0.2 % relative error per output, 2.5x faster here.
         """
         import torch
 
@@ -216,6 +216,10 @@ class QuantLinear:
         yt = torch.from_numpy(y)
         if bf16:  # rounded on every core (torch's .to ran ~5x slower here), nearest even as torch rounds
             xt = torch.from_numpy(bf16_io.to_bf16(x)).view(torch.bfloat16)
+            wp = packed_bf16.packed_weight(self)
+            if wp is not None:
+                packed_bf16.matmul_into(wp, xt, _runs(spans), y, bias)
+                return
         else:
             xt = torch.from_numpy(q8_roundtrip(x) if self.fmt.int8_activations else x)
         tile = min(self.N, max(MIN_TILE_ROWS, TILE_ELEMS // self.K // 256 * 256))
