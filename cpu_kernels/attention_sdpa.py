@@ -80,19 +80,20 @@ def sequence_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, 
     return out
 
 
-def bidirectional_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale: float,
-                            sliding_window: int = 0) -> np.ndarray:
-    """Encoder attention in float32: each sequence's rows are its whole prompt (positions 0..seq_len-1, all in this
-    step) and each attends over all of them (a sliding layer: the keys with |i - j| < sliding_window, as transformers'
-    bidirectional window). q f32 (T, Hq, D); caches as paged_attention's. Returns f32 (T, Hq, D)."""
+def bidirectional_attention(q, k, v, query_start_loc, seq_lens, scale: float, sliding_window: int = 0) -> np.ndarray:
+    """Encoder attention in float32 on this step's own K/V (an encoder's prompt runs whole in one step and is never
+    cached): each sequence's rows attend over all of them (a sliding layer: the keys with |i - j| < sliding_window, as
+    transformers' bidirectional window). q f32 (T, Hq, D); k, v f32 (T, Hkv, D), views allowed. Returns f32
+    (T, Hq, D)."""
     import torch
     import torch.nn.functional as F
 
     match_torch_threads(torch)
     T, Hq, D = q.shape
-    BS, Hkv = k_cache.shape[1], k_cache.shape[2]
+    Hkv = k.shape[1]
     qsl = np.asarray(query_start_loc, dtype=np.int64)
     out = np.empty((T, Hq, D), np.float32)
+    qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
     for s in range(len(seq_lens)):
         a, b, L = int(qsl[s]), int(qsl[s + 1]), int(seq_lens[s])
         if b - a != L:
@@ -100,21 +101,12 @@ def bidirectional_attention(q, k_cache, v_cache, query_start_loc, seq_lens, bloc
                              f"positions given)")
         if L == 0:
             continue
-        ids = torch.from_numpy(np.ascontiguousarray(block_tables[s][:-(-L // BS)], dtype=np.int64))
-
-        def gathered(cache):  # (1, Hkv, L, D) float32
-            c = torch.from_numpy(cache).index_select(0, ids)
-            if cache.ndim == 5 or c.dtype in _fp8_views():
-                raise NotImplementedError("bidirectional attention over a quantized KV cache")
-            return c.reshape(-1, Hkv, D)[:L].float().permute(1, 0, 2).unsqueeze(0)
-
         mask = None
         if sliding_window > 0:
             pos = torch.arange(L)
             mask = (pos[:, None] - pos[None, :]).abs() < sliding_window
-        qt = torch.from_numpy(np.ascontiguousarray(q[a:b], dtype=np.float32)).permute(1, 0, 2).unsqueeze(0)
-        o = F.scaled_dot_product_attention(qt, gathered(k_cache), gathered(v_cache), attn_mask=mask,
-                                           scale=float(scale), enable_gqa=Hq != Hkv)
+        heads = [t[a:b].permute(1, 0, 2).unsqueeze(0) for t in (qt, kt, vt)]  # (1, H, L, D)
+        o = F.scaled_dot_product_attention(*heads, attn_mask=mask, scale=float(scale), enable_gqa=Hq != Hkv)
         torch.from_numpy(out[a:b]).copy_(o[0].permute(1, 0, 2))
     return out
 

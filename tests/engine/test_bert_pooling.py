@@ -67,6 +67,19 @@ def test_embeddings_pool_the_cls_row_by_default(bert):
         LLM(model=str(folder), runner="generate", **KW)
 
 
+def test_an_encoder_attends_over_its_own_step_whatever_the_kv_cache_dtype(bert):
+    """An encoder's K/V never go through the paged cache (its prompt runs whole and is never reused), so a
+    quantized cache dtype changes nothing, long prompts included (the bf16 prefill path)."""
+    folder, _hf, _tok = bert
+    texts = TEXTS + [" ".join(WORDS[:9] * 5)]  # 47 tokens: a long chunk
+    kw = {**KW, "dtype": "auto"}
+    want = [o.outputs.embedding for o in LLM(model=str(folder), **{**kw, "kv_cache_dtype": "fp32"}).embed(
+        texts, use_tqdm=False)]
+    for dtype in ("int8",):
+        got = LLM(model=str(folder), **{**kw, "kv_cache_dtype": dtype}).embed(texts, use_tqdm=False)
+        assert [o.outputs.embedding for o in got] == want
+
+
 def test_sentence_transformers_mean_pooling(tmp_path):
     hf, tok = saved(tmp_path)
     (tmp_path / "1_Pooling").mkdir()

@@ -44,8 +44,10 @@ class Attention(Part):
         self.neox = spec.rope is not None and spec.rope.neox
         self.output_gate = spec.output_gate
         self.bidirectional = spec.bidirectional
-        if self.bidirectional and (self.softcap or self.sinks is not None or self.shared_kv):
-            raise NotImplementedError("bidirectional attention with a softcap, sinks or another layer's K/V")
+        if self.bidirectional and (self.softcap or self.sinks is not None or self.shared_kv or spec.k_eq_v
+                                   or spec.v_norm or spec.output_gate):
+            raise NotImplementedError("bidirectional attention with a softcap, sinks, an output gate, V from K, a V "
+                                      "norm or another layer's K/V")
         if self.output_gate and self.shared_kv:
             raise NotImplementedError("an output-gated attention reading another layer's K/V is not supported")
         self.q_stride = 2 * D if spec.output_gate else D  # columns from one q head to the next
@@ -68,6 +70,11 @@ class Attention(Part):
             cos, sin = self.rope_table(meta)
             if self.shared_kv:  # the earlier layer wrote this step's K/V already
                 q = q_inputs(qc, self.num_heads, self.head_dim, q_norm, cos, sin, self.neox)
+            elif self.bidirectional:  # an encoder's whole prompt, never cached: K and V straight from this step
+                q = q_inputs(qc, self.num_heads, self.head_dim, q_norm, cos, sin, self.neox)
+                k = q_inputs(cols[1], self.num_kv_heads, self.head_dim, norm_args(self.k_norm), cos, sin, self.neox)
+                vy, v0 = cols[2]
+                v = vy[:, v0:v0 + self.num_kv_heads * self.head_dim].reshape(t, self.num_kv_heads, self.head_dim)
             else:
                 kc = cols[1]
                 vc = cols[2] if len(cols) > 2 else kc  # k_eq_v: V is the raw k projection
@@ -78,8 +85,8 @@ class Attention(Part):
         work = t * meta.max_seq_len * self.num_heads * self.head_dim
         long_seqs = None if self.batch_invariant or rows is None else rows.bf16_attention(x)
         if self.bidirectional:
-            out = attention_sdpa.bidirectional_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
-                                                         meta.block_tables, self.scale, self.sliding_window)
+            out = attention_sdpa.bidirectional_attention(q, k, v, meta.query_start_loc, meta.seq_lens, self.scale,
+                                                         self.sliding_window)
         elif long_seqs is not None and not self.softcap and self.sinks is None and attention_sdpa.enabled():
             out = attention_sdpa.mixed_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                                  meta.block_tables, self.scale, self.sliding_window, long_seqs)
