@@ -166,7 +166,7 @@ def attn_inputs(q_cols, k_cols, v_cols, num_heads, q_norm, k_norm, cos, sin, neo
 
 
 def q_inputs(q_cols, num_heads, head_dim, q_norm, cos, sin, neox):
-    """attn_inputs' q alone (a layer that reads another layer's K/V and stores none): f32 (T, Hq, D), normed and
-    rotated with the same code, so the same bits."""
+    """attn_inputs' q alone (a layer that reads another layer's K/V and stores none), or an encoder's uncached k
+    (its own norm, the same rotation): f32 (T, heads, D), normed and rotated with attn_inputs' code, so the same bits."""
     qw, qe = q_norm if q_norm is not None else (_NO_NORM, 0.0)
     return _q_inputs(q_cols[0], q_cols[1], num_heads, head_dim, qw, float(qe), cos, sin, bool(neox))

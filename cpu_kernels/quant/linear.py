@@ -216,9 +216,10 @@ class QuantLinear:
         yt = torch.from_numpy(y)
         if bf16:  # rounded on every core (torch's .to ran ~5x slower here), nearest even as torch rounds
             xt = torch.from_numpy(bf16_io.to_bf16(x)).view(torch.bfloat16)
+            runs = _runs(spans)  # oneDNN's bf16 rows do not depend on M: adjacent spans in one call
             wp = packed_bf16.packed_weight(self)
             if wp is not None:
-                packed_bf16.matmul_into(wp, xt, _runs(spans), y, bias)
+                packed_bf16.matmul_into(wp, xt, runs, y, bias)
                 return
         else:
             xt = torch.from_numpy(q8_roundtrip(x) if self.fmt.int8_activations else x)
@@ -230,13 +231,12 @@ class QuantLinear:
             w = buf[:hi - lo]
             self.fmt.dequant(*self.packed, rows[lo:hi], w)
             wt = torch.from_numpy(w).view(torch.bfloat16) if bf16 else torch.from_numpy(w)
-            if bf16:  # each span's bf16 product into one buffer, widened into y (+ bias) one run of spans at a time
+            if bf16:  # each run of spans' bf16 product into one buffer, widened into y (+ bias) while still cached
                 prod = torch.from_numpy(_tile_buffer(x.shape[0] * (hi - lo), np.uint16, "prod")).view(
                     torch.bfloat16).reshape(x.shape[0], hi - lo)
-                for a, b in _runs(spans):  # oneDNN's bf16 rows do not depend on M: adjacent spans in one call
-                    torch.mm(xt[a:b], wt.T, out=prod[a:b])
                 bits = prod.view(torch.int16).numpy().view(np.uint16)
-                for a, b in _runs(spans):
+                for a, b in runs:
+                    torch.mm(xt[a:b], wt.T, out=prod[a:b])
                     bf16_io.from_bf16(bits[a:b], y, a, lo, bias)
                 continue
             for a, b in spans:
